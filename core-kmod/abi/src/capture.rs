@@ -1,0 +1,163 @@
+//! The capture file (`hrperf.data`): self-describing, so a decoder never needs build flags.
+//!
+//! ```text
+//! FileHeader (header_size bytes)
+//! metadata: Section{kind,size} + payload (padded to 8), ... (metadata_size bytes in all)
+//! chunks:   ChunkHeader + payload (records, or stats), ... until EOF
+//!           the last chunks of a finished recording are STATS then END
+//! ```
+//!
+//! All integers are in the writer's byte order, which [`FileHeader::byte_order`] shows.
+//! Every chunk carries a CRC-32 (IEEE, as zlib's `crc32`) of its payload, so corruption is
+//! detected and reported by offset; chunks before a damaged one still decode.
+
+use crate::format::Uuid;
+use crate::NAME_LEN;
+
+/// [`FileHeader::magic`].
+pub const FILE_MAGIC: [u8; 8] = *b"HRPERFDT";
+/// [`FileHeader::byte_order`] as written; read back swapped on a host of the other
+/// byte order.
+pub const BYTE_ORDER_MARK: u32 = 0x0102_0304;
+/// Current [`FileHeader::version`] (bumped only for incompatible changes).
+pub const FILE_VERSION: u32 = 1;
+
+/// [`FileHeader::source`]: the simulated PMU.
+pub const SOURCE_SIM: u32 = 1;
+/// [`FileHeader::source`]: `perf_event_open` in userspace.
+pub const SOURCE_PERF: u32 = 2;
+/// [`FileHeader::source`]: `/dev/hrperf` (hrperf-core.ko).
+pub const SOURCE_KMOD: u32 = 3;
+
+/// [`FileHeader::clock`]: ns of `CLOCK_MONOTONIC`.
+pub const CLOCK_MONOTONIC: u32 = 1;
+/// [`FileHeader::clock`]: ns of the simulator's virtual clock.
+pub const CLOCK_SIM: u32 = 2;
+/// [`FileHeader::clock`]: ns of the kernel's `local_clock()`/`perf_clock`.
+pub const CLOCK_PERF: u32 = 3;
+/// [`FileHeader::clock`]: raw TSC ticks (`tsc_hz` converts).
+pub const CLOCK_TSC: u32 = 4;
+
+abi_struct! {
+    /// The fixed start of a capture file.
+    pub struct FileHeader {
+        /// [`FILE_MAGIC`].
+        pub magic: [u8; 8],
+        /// [`BYTE_ORDER_MARK`] in the writer's byte order.
+        pub byte_order: u32,
+        /// Size of this header as written; metadata starts here.
+        pub header_size: u32,
+        /// [`FILE_VERSION`].
+        pub version: u32,
+        /// Reserved flags, zero.
+        pub flags: u32,
+        /// UUID of the format that wrote the records.
+        pub format_uuid: Uuid,
+        /// Its name, NUL-padded.
+        pub format_name: [u8; NAME_LEN],
+        /// Its version, `major << 16 | minor`.
+        pub format_version: u32,
+        /// `SOURCE_*`.
+        pub source: u32,
+        /// `CLOCK_*` of every timestamp in the file.
+        pub clock: u32,
+        /// `MODE_*` of the session.
+        pub mode: u32,
+        /// Number of [`SECTION_EVENT`] sections (counters, leader first).
+        pub nr_events: u32,
+        /// Number of CPUs in the [`SECTION_CPUS`] list.
+        pub nr_cpus: u32,
+        /// TSC frequency in Hz if known, else 0.
+        pub tsc_hz: u64,
+        /// Clock value when recording started.
+        pub start_time_ns: u64,
+        /// Wall-clock (`CLOCK_REALTIME`) ns when recording started.
+        pub start_wall_ns: u64,
+        /// Sampling period (overflow mode), else 0.
+        pub sample_period: u64,
+        /// Poll interval in ns (poll mode), else 0.
+        pub poll_interval_ns: u64,
+        /// Bytes of metadata sections after the header.
+        pub metadata_size: u64,
+        /// Reserved, zero.
+        pub reserved: [u64; 6],
+    }
+}
+const _: () = assert!(core::mem::size_of::<FileHeader>() == 192);
+
+abi_struct! {
+    /// A metadata section; `size` bytes of payload follow, padded to 8.
+    pub struct Section {
+        /// `SECTION_*`; unknown kinds are skipped.
+        pub kind: u32,
+        /// Payload bytes (unpadded).
+        pub size: u32,
+    }
+}
+const _: () = assert!(core::mem::size_of::<Section>() == 8);
+
+/// One counter: an [`crate::EventDesc`] then the event's name in UTF-8.
+pub const SECTION_EVENT: u32 = 1;
+/// The recorded CPUs: `u32` each.
+pub const SECTION_CPUS: u32 = 2;
+/// CPU model string (`/proc/cpuinfo` "model name", or the simulator's model).
+pub const SECTION_CPU_MODEL: u32 = 3;
+/// The command recorded: arguments, each NUL-terminated.
+pub const SECTION_COMMAND: u32 = 4;
+/// Host name, UTF-8.
+pub const SECTION_HOSTNAME: u32 = 5;
+/// The format argument bytes given to the session.
+pub const SECTION_FORMAT_ARG: u32 = 6;
+/// Kernel release (`uname -r`), UTF-8.
+pub const SECTION_KERNEL: u32 = 7;
+/// The simulator's seed and model parameters (sim source only), UTF-8 `key=value` lines.
+pub const SECTION_SIM_CONFIG: u32 = 8;
+
+/// [`ChunkHeader::magic`]: "HRPC".
+pub const CHUNK_MAGIC: u32 = 0x4350_5248;
+/// Chunk of records from one CPU's buffer.
+pub const CHUNK_DATA: u32 = 1;
+/// Per-CPU statistics: [`crate::ioctl::CpuStats`] entries.
+pub const CHUNK_STATS: u32 = 2;
+/// The recording finished: one [`EndInfo`].
+pub const CHUNK_END: u32 = 3;
+
+abi_struct! {
+    /// Start of every chunk; `size` bytes of payload follow.
+    pub struct ChunkHeader {
+        /// [`CHUNK_MAGIC`].
+        pub magic: u32,
+        /// `CHUNK_*`.
+        pub kind: u32,
+        /// CPU whose buffer the records came from (`u32::MAX` if none).
+        pub cpu: u32,
+        /// Reserved flags, zero.
+        pub flags: u32,
+        /// Payload bytes, a multiple of 8.
+        pub size: u64,
+        /// Records in the payload (data chunks).
+        pub records: u64,
+        /// CRC-32 (IEEE) of the payload.
+        pub crc32: u32,
+        /// Reserved, zero.
+        pub reserved: u32,
+    }
+}
+const _: () = assert!(core::mem::size_of::<ChunkHeader>() == 40);
+
+abi_struct! {
+    /// Payload of the [`CHUNK_END`] chunk.
+    pub struct EndInfo {
+        /// Clock value when recording stopped.
+        pub end_time_ns: u64,
+        /// Records written over all CPUs.
+        pub total_records: u64,
+        /// Records dropped over all CPUs (also per CPU in the stats chunk).
+        pub total_drops: u64,
+        /// Exit status of the recorded command (`-signal` if killed), 0 if none.
+        pub exit_status: i32,
+        /// Reserved, zero.
+        pub reserved: u32,
+    }
+}
+const _: () = assert!(core::mem::size_of::<EndInfo>() == 32);

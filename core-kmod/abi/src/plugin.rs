@@ -1,0 +1,165 @@
+//! The decoder-plugin ABI: what a `cdylib` decoder exports and the host checks.
+//!
+//! A plugin exports exactly one symbol, [`PLUGIN_ENTRY_SYMBOL`], of type
+//! [`PluginEntryFn`], returning a `'static` [`PluginDecl`]. The host checks
+//! `abi_version` and `size` before it reads anything else or calls any other function,
+//! and refuses a plugin built against another ABI version with a message naming both.
+//!
+//! Decoding: for each record, the host calls `decode`, which writes one [`FieldValue`]
+//! per field of the record kind's schema, in schema order. A plugin never panics and
+//! never reads outside `rec[..len]`: malformed bytes give a negative `DECODE_E*` code.
+
+use core::ffi::c_char;
+
+use crate::format::Uuid;
+
+/// Version of this ABI; a plugin with another one is refused.
+pub const PLUGIN_ABI_VERSION: u32 = 1;
+/// Name of the entry symbol every plugin exports.
+pub const PLUGIN_ENTRY_SYMBOL: &[u8] = b"hrperf_decoder_plugin\0";
+
+/// The entry point's type.
+pub type PluginEntryFn = unsafe extern "C" fn() -> *const PluginDecl;
+
+/// A plain unsigned integer.
+pub const FIELD_U64: u32 = 1;
+/// A signed integer (`value` holds its two's complement).
+pub const FIELD_I64: u32 = 2;
+/// An unsigned integer best shown in hex (addresses, IPs).
+pub const FIELD_HEX: u32 = 3;
+/// A string: `ptr`/`len` UTF-8 bytes, valid until the next `decode` call.
+pub const FIELD_STR: u32 = 4;
+/// The session's counters: `len` `u64`s at `ptr` (possibly unaligned), named after the
+/// capture file's events in order.
+pub const FIELD_COUNTERS: u32 = 5;
+/// A list of addresses (e.g. a stack): `len` `u64`s at `ptr` (possibly unaligned).
+pub const FIELD_HEX_LIST: u32 = 6;
+/// A nanosecond timestamp in the capture's clock.
+pub const FIELD_TIME: u32 = 7;
+
+/// Field flag: absent in this record (e.g. IP in a poll sample); shown empty/null.
+pub const FIELD_FL_ABSENT: u32 = 1 << 0;
+
+/// The record was truncated (shorter than its header says or than its kind needs).
+pub const DECODE_ETRUNCATED: i32 = -1;
+/// The record's type is not one this plugin declares.
+pub const DECODE_EUNKNOWN: i32 = -2;
+/// The record's contents are inconsistent (bad size, count out of range).
+pub const DECODE_EMALFORMED: i32 = -3;
+/// `out_cap` is smaller than the schema's field count.
+pub const DECODE_ESPACE: i32 = -4;
+/// A null pointer was passed.
+pub const DECODE_EFAULT: i32 = -5;
+
+/// One field of a record kind's schema.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FieldDesc {
+    /// Stable field name (`snake_case`, NUL-terminated, static): JSON keys and CSV columns.
+    pub name: *const c_char,
+    /// `FIELD_*`.
+    pub kind: u32,
+    /// Reserved, zero.
+    pub flags: u32,
+}
+
+/// The schema of one record type a plugin decodes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RecordKindDesc {
+    /// The [`crate::RecordType`] value.
+    pub record_type: u32,
+    /// Number of entries at `fields`.
+    pub nr_fields: u32,
+    /// Kind name (NUL-terminated, static), e.g. `"delta"`.
+    pub name: *const c_char,
+    /// The fields, in the order `decode` writes them.
+    pub fields: *const FieldDesc,
+}
+
+/// What the host tells `decode` about the capture.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeCtx {
+    /// Bytes valid in this struct.
+    pub size: u32,
+    /// Counters in the session (the capture's event count).
+    pub nr_counters: u32,
+    /// CPU of the chunk the record came from.
+    pub cpu: u32,
+    /// `CLOCK_*` of the capture.
+    pub clock: u32,
+    /// The capture's `format_version`.
+    pub format_version: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+}
+
+/// One decoded value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FieldValue {
+    /// `FIELD_*`, as in the schema.
+    pub kind: u32,
+    /// `FIELD_FL_*`.
+    pub flags: u32,
+    /// The integer value (`U64`, `I64`, `HEX`, `TIME`).
+    pub value: u64,
+    /// Bytes or `u64`s for `STR`, `COUNTERS`, `HEX_LIST`.
+    pub ptr: *const u8,
+    /// Length: bytes for `STR`, elements for lists.
+    pub len: u64,
+}
+
+impl FieldValue {
+    /// An empty value (what the host preloads before `decode`).
+    pub const EMPTY: FieldValue = FieldValue {
+        kind: 0,
+        flags: FIELD_FL_ABSENT,
+        value: 0,
+        ptr: core::ptr::null(),
+        len: 0,
+    };
+}
+
+/// Decodes one record (`rec[..len]`, header included) into `out[..out_cap]`.
+/// Returns the index into [`PluginDecl::kinds`] of the record's kind (≥ 0) having written
+/// that kind's `nr_fields` values, or a negative `DECODE_E*` code.
+pub type DecodeFn = unsafe extern "C" fn(
+    ctx: *const DecodeCtx,
+    rec: *const u8,
+    len: usize,
+    out: *mut FieldValue,
+    out_cap: u32,
+) -> i32;
+
+/// The declaration a plugin's entry returns.
+#[repr(C)]
+#[derive(Debug)]
+pub struct PluginDecl {
+    /// [`PLUGIN_ABI_VERSION`] the plugin was built against; checked first.
+    pub abi_version: u32,
+    /// `size_of::<PluginDecl>()` as compiled into the plugin.
+    pub size: u32,
+    /// Format name (NUL-terminated, static), e.g. `"delta"`.
+    pub name: *const c_char,
+    /// One-line description (NUL-terminated, static).
+    pub description: *const c_char,
+    /// UUID of the format it decodes.
+    pub uuid: Uuid,
+    /// Newest format version it understands, `major << 16 | minor`.
+    pub format_version: u32,
+    /// Number of entries at `kinds`.
+    pub nr_kinds: u32,
+    /// The record kinds it decodes.
+    pub kinds: *const RecordKindDesc,
+    /// The decode entry point.
+    pub decode: Option<DecodeFn>,
+}
+
+// SAFETY: a declaration is immutable static data (pointers to static strings/tables).
+unsafe impl Sync for PluginDecl {}
+// SAFETY: as above.
+unsafe impl Sync for RecordKindDesc {}
+// SAFETY: as above.
+unsafe impl Sync for FieldDesc {}

@@ -1,0 +1,2 @@
+//! hrperf engine (being written).
+#![no_std]

@@ -1,0 +1,1 @@
+//! delta decoder plugin (being written).

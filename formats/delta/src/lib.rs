@@ -1,0 +1,2 @@
+//! delta format (being written).
+#![no_std]

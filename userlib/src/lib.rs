@@ -1,0 +1,1 @@
+//! libhrperf (being written).
