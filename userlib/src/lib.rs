@@ -1,1 +1,10 @@
-//! libhrperf (being written).
+//! libhrperf: hrperf's userspace library.
+//!
+//! - [`source`]: where overflow and poll samples come from — `sim` (a simulated PMU),
+//!   `perf` (`perf_event_open`), `kmod` (`/dev/hrperf`).
+//! - [`capture`]: the self-describing capture file (`hrperf.data`), writer and reader.
+//! - [`plugin`]: the decoder-plugin host (libloading).
+
+pub mod capture;
+pub mod plugin;
+pub mod source;

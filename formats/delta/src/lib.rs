@@ -1,2 +1,4 @@
-//! delta format (being written).
+//! The counter-delta format (being written).
 #![no_std]
+
+pub mod record;

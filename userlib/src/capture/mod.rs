@@ -1,0 +1,1 @@
+//! Capture file writer and reader (being written).

@@ -1,0 +1,1 @@
+//! Decoder-plugin host (being written).

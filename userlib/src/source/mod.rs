@@ -1,0 +1,160 @@
+//! Sources of samples: each turns its counters into [`RawSample`]s that the engine
+//! virtualises and hands to the session's format.
+//!
+//! A source reports raw counter readings as its hardware shows them (`width` bits each,
+//! see [`SourceInfo::widths`]); the engine makes them 64-bit and detects multi-wraps.
+
+use std::io;
+use std::time::Duration;
+
+use hrperf_abi::{EventDesc, MAX_COUNTERS};
+
+pub mod perf;
+
+/// One overflow, poll reading or instructed reading, before the engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RawSample {
+    /// CPU it was taken on.
+    pub cpu: u32,
+    /// `hrperf_abi::format::SAMPLE_*`.
+    pub kind: u32,
+    /// Process id (tgid), 0 if unknown.
+    pub pid: u32,
+    /// Thread id, 0 if unknown.
+    pub tid: u32,
+    /// When, in the source's clock (ns).
+    pub time_ns: u64,
+    /// Interrupted IP (overflow samples), else 0.
+    pub ip: u64,
+    /// Whether `ip` is in the kernel.
+    pub kernel_ip: bool,
+    /// Data address if known, else 0.
+    pub addr: u64,
+    /// Index of the overflowed counter; `u32::MAX` for poll/instructed.
+    pub ovfl_counter: u32,
+    /// Valid entries in `raw`.
+    pub nr: u32,
+    /// Raw counter readings, `widths[i]` bits each.
+    pub raw: [u64; MAX_COUNTERS],
+}
+
+/// A named event with its encoding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventSpec {
+    /// Name as the user wrote it, e.g. `cpu-clock`.
+    pub name: String,
+    /// Encoding.
+    pub desc: EventDesc,
+}
+
+/// What a source tells the recorder before the first sample.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceInfo {
+    /// `hrperf_abi::capture::SOURCE_*`.
+    pub source: u32,
+    /// `hrperf_abi::capture::CLOCK_*` of `RawSample::time_ns`.
+    pub clock: u32,
+    /// TSC frequency if known, else 0.
+    pub tsc_hz: u64,
+    /// `hrperf_abi::format::MODE_*`.
+    pub mode: u32,
+    /// Sampling period of the leader (overflow mode), else 0.
+    pub sample_period: u64,
+    /// Poll interval (poll mode), else 0.
+    pub poll_interval_ns: u64,
+    /// The counters, leader first.
+    pub events: Vec<EventSpec>,
+    /// Width in bits (32..=64) of each counter's raw reading.
+    pub widths: Vec<u8>,
+    /// Upper bound on each counter's events per second (for multi-wrap detection);
+    /// 0 means unknown (then only a backwards reading can reveal a wrap).
+    pub max_rates: Vec<u64>,
+    /// CPUs that produce samples.
+    pub cpus: Vec<u32>,
+    /// CPU model string.
+    pub cpu_model: String,
+    /// Clock value at start.
+    pub start_time_ns: u64,
+}
+
+/// What one call to [`Source::next`] produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// Samples were appended (possibly none if the timeout passed).
+    Running,
+    /// The workload ended (or the sim ran its course); the source has been drained.
+    Finished,
+}
+
+/// How a source ended.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Finish {
+    /// Exit status of the recorded command (`-signal` if killed by one), 0 if none.
+    pub exit_status: i32,
+    /// Clock value at the end.
+    pub end_time_ns: u64,
+    /// Samples the source itself lost before hrperf saw them (e.g. perf's
+    /// `PERF_RECORD_LOST`), per CPU: `(cpu, lost)`.
+    pub lost: Vec<(u32, u64)>,
+}
+
+/// Errors of every source; each names what failed and what to do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SourceError {
+    /// A system call failed.
+    #[error("{call} failed: {source}")]
+    Syscall {
+        /// The call, e.g. `perf_event_open(cpu-clock, cpu 0)`.
+        call: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// A hardware event was asked for on a machine without a hardware PMU.
+    #[error("event '{event}' needs a hardware PMU, and this machine has none ({detail}); use software events (cpu-clock, task-clock, page-faults, context-switches, cpu-migrations) or --source sim")]
+    NoPmu {
+        /// The event.
+        event: String,
+        /// What was found instead.
+        detail: String,
+    },
+    /// The event name is not known to this source.
+    #[error("unknown event '{name}' for the {source_name} source; known events: {known}")]
+    UnknownEvent {
+        /// The name given.
+        name: String,
+        /// The source.
+        source_name: &'static str,
+        /// Comma-separated list of known names.
+        known: String,
+    },
+    /// The configuration cannot be honoured.
+    #[error("{0}")]
+    Config(String),
+    /// The command to record could not be started.
+    #[error("cannot run '{cmd}': {source}")]
+    Command {
+        /// The command.
+        cmd: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Not allowed (perf_event_paranoid, device permissions).
+    #[error("permission denied: {0}")]
+    Permission(String),
+}
+
+/// A source of samples.
+pub trait Source {
+    /// What the source measures; valid from construction.
+    fn info(&self) -> &SourceInfo;
+    /// Starts counting (and the workload, if the source runs one).
+    fn start(&mut self) -> Result<(), SourceError>;
+    /// Appends samples to `out`, waiting up to `timeout` for some.
+    fn next(&mut self, out: &mut Vec<RawSample>, timeout: Duration) -> Result<Progress, SourceError>;
+    /// Applies the format's control bits (`CTRL_RESET`, `CTRL_MASK`) for `cpu` after a
+    /// sample was dispatched. Sources whose hardware re-arms itself ignore `CTRL_RESET`.
+    fn control(&mut self, cpu: u32, ctrl: u32);
+    /// Stops counting, reaps the workload and reports how it ended.
+    fn finish(&mut self) -> Result<Finish, SourceError>;
+}
