@@ -37,16 +37,20 @@ else
         tar -xf "$TARBALL" -C "$SRC.tmp" --strip-components=1
         touch "$SRC.tmp/.unpacked"; mv "$SRC.tmp" "$SRC"
     fi
-    K=(make -C "$SRC" O="$OUT" $KMAKE_ARGS)
+    K=(make -C "$SRC" O="$OUT" "${KMAKE[@]}")
     mkdir -p "$OUT"
     "${K[@]}" rustavailable >&2
     log "kernel: configuring $OUT (tinyconfig + kernel.config)"
     "${K[@]}" tinyconfig >&2
     "$SRC/scripts/kconfig/merge_config.sh" -m -O "$OUT" "$OUT/.config" "$FRAGMENT" >&2
     "${K[@]}" olddefconfig >&2
+    # Kconfig silently drops options whose dependencies are unmet: say which.
+    while read -r line; do
+        grep -qxF "$line" "$OUT/.config" || log "warning: not in final .config: $line"
+    done < <(grep -E '^(CONFIG_|# CONFIG_.* is not set)' "$FRAGMENT")
     grep -qx 'CONFIG_RUST=y' "$OUT/.config" || die "CONFIG_RUST did not survive olddefconfig"
     start=$SECONDS
-    log "kernel: building bzImage + modules_prepare (-j3, ~7 min)"
+    log "kernel: building bzImage + modules_prepare (-j3, 4-7 min)"
     "${K[@]}" -j3 bzImage modules_prepare >&2
     # Without 'modules' there is no Module.symvers and modpost rejects every symbol.
     "${K[@]}" -j3 modules >&2

@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034
 # Sourced by the tools/vm scripts: shared paths and helpers.
 # Caches live outside the checkout so a fresh clone reuses a kernel built earlier.
 CACHE=${HRPERF_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hrperf}
@@ -14,4 +15,5 @@ load_env() {
     [[ -f $CACHE/env.sh ]] || die "$CACHE/env.sh missing: run tools/vm/setup.sh first"
     # shellcheck source=/dev/null
     . "$CACHE/env.sh"
+    read -r -a KMAKE <<<"$KMAKE_ARGS"   # the tool paths contain no spaces
 }

@@ -33,8 +33,8 @@ fi
 RUSTC_VER=$(/usr/bin/rustc --version | awk '{print $2}')
 RUST_LIB_SRC=/usr/src/rustc-$RUSTC_VER/library
 if [[ ! -d $RUST_LIB_SRC ]]; then
-    RUST_LIB_SRC=$(ls -d /usr/src/rustc-*/library 2>/dev/null | sort -V | tail -n1)
-    [[ -n $RUST_LIB_SRC ]] || die "no /usr/src/rustc-*/library (rust-web-src)"
+    RUST_LIB_SRC=$(printf '%s\n' /usr/src/rustc-*/library | sort -V | tail -n1)
+    [[ -d $RUST_LIB_SRC ]] || die "no /usr/src/rustc-*/library (rust-web-src)"
     log "warning: no std source for rustc $RUSTC_VER, using $RUST_LIB_SRC"
 fi
 

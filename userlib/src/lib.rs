@@ -6,5 +6,7 @@
 //! - [`plugin`]: the decoder-plugin host (libloading).
 
 pub mod capture;
+pub mod decode;
 pub mod plugin;
+pub mod record;
 pub mod source;

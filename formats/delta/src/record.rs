@@ -129,26 +129,43 @@ pub fn parse(b: &[u8]) -> Result<DeltaSample, ParseError> {
 /// Writes `s` as a record into `out` (which must hold `record_size(s.nr)` bytes);
 /// returns the bytes written, or `None` if `out` is too small or `s.nr` is invalid.
 pub fn write(s: &DeltaSample, out: &mut [u8]) -> Option<usize> {
-    let nr = s.nr as usize;
-    if nr == 0 || nr > MAX_COUNTERS {
-        return None;
-    }
-    let size = record_size(nr);
+    let size = record_size(valid_nr(s)?);
     let out = out.get_mut(..size)?;
-    out[0..4].copy_from_slice(&RecordType::DELTA.0.to_ne_bytes());
-    out[4..6].copy_from_slice(&s.misc.to_ne_bytes());
-    out[6..8].copy_from_slice(&(size as u16).to_ne_bytes());
-    out[8..12].copy_from_slice(&s.cpu.to_ne_bytes());
-    out[12..16].copy_from_slice(&s.pid.to_ne_bytes());
-    out[16..20].copy_from_slice(&s.tid.to_ne_bytes());
-    out[20] = s.nr;
-    out[21] = s.ovfl_counter;
-    out[22] = s.multi_wrap;
-    out[23] = 0;
-    out[24..32].copy_from_slice(&s.time_ns.to_ne_bytes());
-    out[32..40].copy_from_slice(&s.ip.to_ne_bytes());
-    for i in 0..nr {
-        out[FIXED_SIZE + 8 * i..FIXED_SIZE + 8 * i + 8].copy_from_slice(&s.deltas[i].to_ne_bytes());
+    let (head, body) = out.split_at_mut(8);
+    head[0..4].copy_from_slice(&RecordType::DELTA.0.to_ne_bytes());
+    head[4..6].copy_from_slice(&s.misc.to_ne_bytes());
+    head[6..8].copy_from_slice(&(size as u16).to_ne_bytes());
+    write_body(s, body)
+}
+
+/// Writes everything of `s` after the [`RecordHeader`] into `body` (which must hold
+/// `record_size(s.nr) - 8` bytes), for writers whose ring writes the header itself.
+/// Returns the record size, or `None` if `body` is too small or `s.nr` is invalid.
+pub fn write_body(s: &DeltaSample, body: &mut [u8]) -> Option<usize> {
+    let nr = valid_nr(s)?;
+    let size = record_size(nr);
+    let out = body.get_mut(..size - 8)?;
+    out[0..4].copy_from_slice(&s.cpu.to_ne_bytes());
+    out[4..8].copy_from_slice(&s.pid.to_ne_bytes());
+    out[8..12].copy_from_slice(&s.tid.to_ne_bytes());
+    out[12] = s.nr;
+    out[13] = s.ovfl_counter;
+    out[14] = s.multi_wrap;
+    out[15] = 0;
+    out[16..24].copy_from_slice(&s.time_ns.to_ne_bytes());
+    out[24..32].copy_from_slice(&s.ip.to_ne_bytes());
+    // One 8-byte store per counter: a bulk copy of a variable length becomes a memcpy
+    // call, which costs more than the copy at these sizes.
+    for (i, d) in s.deltas.iter().enumerate().take(nr) {
+        let off = FIXED_SIZE - 8 + 8 * i;
+        if let Some(c) = out.get_mut(off..off + 8) {
+            c.copy_from_slice(&d.to_ne_bytes());
+        }
     }
     Some(size)
+}
+
+fn valid_nr(s: &DeltaSample) -> Option<usize> {
+    let nr = s.nr as usize;
+    (1..=MAX_COUNTERS).contains(&nr).then_some(nr)
 }

@@ -10,33 +10,11 @@ use std::time::Duration;
 use hrperf_abi::{EventDesc, MAX_COUNTERS};
 
 pub mod perf;
+pub mod sim;
 
-/// One overflow, poll reading or instructed reading, before the engine.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RawSample {
-    /// CPU it was taken on.
-    pub cpu: u32,
-    /// `hrperf_abi::format::SAMPLE_*`.
-    pub kind: u32,
-    /// Process id (tgid), 0 if unknown.
-    pub pid: u32,
-    /// Thread id, 0 if unknown.
-    pub tid: u32,
-    /// When, in the source's clock (ns).
-    pub time_ns: u64,
-    /// Interrupted IP (overflow samples), else 0.
-    pub ip: u64,
-    /// Whether `ip` is in the kernel.
-    pub kernel_ip: bool,
-    /// Data address if known, else 0.
-    pub addr: u64,
-    /// Index of the overflowed counter; `u32::MAX` for poll/instructed.
-    pub ovfl_counter: u32,
-    /// Valid entries in `raw`.
-    pub nr: u32,
-    /// Raw counter readings, `widths[i]` bits each.
-    pub raw: [u64; MAX_COUNTERS],
-}
+/// One overflow, poll reading or instructed reading, before the engine: the engine's
+/// [`hrperf_engine::Sample`], which the kernel module's handlers build too.
+pub use hrperf_engine::Sample as RawSample;
 
 /// A named event with its encoding.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -155,6 +133,18 @@ pub trait Source {
     /// Applies the format's control bits (`CTRL_RESET`, `CTRL_MASK`) for `cpu` after a
     /// sample was dispatched. Sources whose hardware re-arms itself ignore `CTRL_RESET`.
     fn control(&mut self, cpu: u32, ctrl: u32);
+    /// The counter write the last [`control`](Self::control) did on `cpu` (re-arming the
+    /// overflowed counter after `CTRL_RESET`): `(counter index, raw value written)`, so
+    /// the engine virtualises from the new value. Sources whose kernel re-arms and
+    /// virtualises by itself (perf) write nothing.
+    fn written(&mut self, _cpu: u32) -> Option<(usize, u64)> {
+        None
+    }
+    /// Raw readings of `cpu`'s counters when counting starts (what the engine's 64-bit
+    /// values start from). perf counters start at zero.
+    fn start_values(&self, _cpu: u32) -> [u64; MAX_COUNTERS] {
+        [0; MAX_COUNTERS]
+    }
     /// Stops counting, reaps the workload and reports how it ended.
     fn finish(&mut self) -> Result<Finish, SourceError>;
 }

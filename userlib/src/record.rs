@@ -1,0 +1,403 @@
+//! The recorder: drives a [`Source`] through the engine and a format into a capture file.
+//!
+//! ```text
+//! source.next() ─► RawSample ─► CpuSession::dispatch ─► format handler ─► per-CPU ring
+//!        ▲                              │ CTRL_RESET/MASK                      │ drain
+//!        └──────── source.control() ◄───┘                  capture chunks ◄────┘
+//! ```
+//!
+//! This is the same path the kernel module takes (its overflow handler calls the same
+//! engine and the same format code); here the per-CPU buffers are ordinary memory and
+//! the "reader" drains them into the capture file on the format's NOTIFY and at least
+//! every `drain_interval_ns` of source time. Every drop is counted per CPU and written
+//! to the capture (LOST records inline, totals in the stats chunk).
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use hrperf_abi::capture::EndInfo;
+use hrperf_abi::format::{SessionParams, CTRL_NOTIFY, CTRL_RESET, MODE_OVERFLOW, MODE_POLL};
+use hrperf_abi::ioctl::CpuStats;
+use hrperf_abi::{FormatOps, Services};
+use hrperf_engine::{Buffer, CounterConfig, CpuSession, EngineError, Format, Registry, RingReader, Selector, Session};
+
+use crate::capture::{CaptureError, CaptureMeta, Writer};
+use crate::source::{Source, SourceError};
+
+/// The formats built into the userspace engine (the kernel gets them from fmt-*.ko).
+pub static BUILTIN_FORMATS: &[&FormatOps] = &[&hrperf_fmt_delta::DELTA_OPS];
+
+/// A registry holding [`BUILTIN_FORMATS`].
+pub fn builtin_registry() -> Registry<16> {
+    let mut r = Registry::new();
+    for ops in BUILTIN_FORMATS {
+        // The built-in tables are valid and distinct; a failure here is a build bug
+        // that the unit tests catch.
+        let _ = r.register_static(ops);
+    }
+    r
+}
+
+/// How to record.
+#[derive(Clone, Debug)]
+pub struct RecordOptions {
+    /// Format name (e.g. `delta`).
+    pub format: String,
+    /// Per-CPU data area size in bytes; 0 for the format's default.
+    pub data_size: u64,
+    /// The reader drains every CPU at least this often, in source time; 0 for 10 ms.
+    pub drain_interval_ns: u64,
+    /// Drain a CPU as soon as its format asks (CTRL_NOTIFY). Off models a reader that
+    /// only wakes on its interval.
+    pub wake_on_notify: bool,
+    /// Stop after this much source time.
+    pub duration_ns: Option<u64>,
+    /// The recorded command (stored in the capture).
+    pub command: Vec<String>,
+    /// Store host name and kernel release (off for reproducible sim captures).
+    pub host_info: bool,
+    /// Simulator configuration text (sim source).
+    pub sim_config: String,
+}
+
+impl Default for RecordOptions {
+    fn default() -> Self {
+        RecordOptions {
+            format: "delta".into(),
+            data_size: 0,
+            drain_interval_ns: 0,
+            wake_on_notify: true,
+            duration_ns: None,
+            command: Vec::new(),
+            host_info: true,
+            sim_config: String::new(),
+        }
+    }
+}
+
+/// Progress shown while recording.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Live {
+    /// Source time since start.
+    pub elapsed_ns: u64,
+    /// Samples dispatched.
+    pub samples: u64,
+    /// Records in the capture so far.
+    pub records: u64,
+    /// Records dropped so far (buffers full), all CPUs.
+    pub drops: u64,
+    /// Capture bytes so far.
+    pub bytes: u64,
+}
+
+/// What a recording produced.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecordSummary {
+    /// Samples the source delivered.
+    pub samples: u64,
+    /// Records written to the capture (LOST markers included).
+    pub records: u64,
+    /// Records dropped because a buffer was full.
+    pub drops: u64,
+    /// Samples the source lost before hrperf saw them (perf ring overruns).
+    pub source_lost: u64,
+    /// Samples that arrived while a CPU was masked.
+    pub masked: u64,
+    /// Samples flagged as possibly hiding a second counter wrap.
+    pub multi_wraps: u64,
+    /// Capture size in bytes.
+    pub bytes: u64,
+    /// Per-CPU statistics as written to the capture (drops include source losses).
+    pub per_cpu: Vec<CpuStats>,
+    /// Exit status of the recorded command.
+    pub exit_status: i32,
+    /// Source time recorded.
+    pub elapsed_ns: u64,
+}
+
+/// Why a recording failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecordError {
+    /// The source failed.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// Writing the capture failed.
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    /// The format is not built in.
+    #[error("unknown format '{name}'; formats available in userspace: {known}")]
+    UnknownFormat {
+        /// The name asked for.
+        name: String,
+        /// The known names.
+        known: String,
+    },
+    /// The engine or the format refused.
+    #[error("{what}: {error}")]
+    Engine {
+        /// What was being done.
+        what: String,
+        /// The engine's error.
+        error: EngineError,
+    },
+}
+
+fn engine(what: impl Into<String>) -> impl FnOnce(EngineError) -> RecordError {
+    let what = what.into();
+    move |error| RecordError::Engine { what, error }
+}
+
+/// One CPU's session state and buffer.
+struct CpuSlot {
+    cpu: u32,
+    session: CpuSession,
+    words: Vec<u64>,
+}
+
+impl CpuSlot {
+    fn buffer(&mut self) -> Result<Buffer<'_>, RecordError> {
+        Buffer::from_words(&mut self.words).map_err(engine("buffer"))
+    }
+
+    fn stats(&mut self) -> Result<CpuStats, RecordError> {
+        let buf = Buffer::from_words(&mut self.words).map_err(engine("buffer"))?;
+        Ok(self.session.stats(&buf))
+    }
+}
+
+/// Records `source` into the capture file at `path` (an existing file there is renamed to
+/// `<path>.old` first, so nothing is lost).
+pub fn record_to_file(
+    source: &mut dyn Source,
+    opts: &RecordOptions,
+    path: &Path,
+    stop: &AtomicBool,
+    live: &mut dyn FnMut(&Live),
+) -> Result<RecordSummary, RecordError> {
+    if path.exists() {
+        let mut old = path.as_os_str().to_owned();
+        old.push(".old");
+        std::fs::rename(path, &old).map_err(|e| {
+            SourceError::Config(format!("cannot move the existing {} aside: {e}", path.display()))
+        })?;
+    }
+    let file = std::fs::File::create(path)
+        .map_err(|e| SourceError::Config(format!("cannot create {}: {e}", path.display())))?;
+    record(source, opts, file, path, stop, live)
+}
+
+/// Records `source` into `out` (named `name` in errors). Returns when the source
+/// finishes, `opts.duration_ns` of source time has passed, or `stop` is set.
+pub fn record<W: Write>(
+    source: &mut dyn Source,
+    opts: &RecordOptions,
+    out: W,
+    name: &Path,
+    stop: &AtomicBool,
+    live: &mut dyn FnMut(&Live),
+) -> Result<RecordSummary, RecordError> {
+    let info = source.info().clone();
+    let mut registry = builtin_registry();
+    let format: Format = registry.acquire(Selector::Name(opts.format.as_bytes())).map_err(|_| {
+        let known: Vec<String> =
+            registry.iter().map(|f| String::from_utf8_lossy(hrperf_abi::name_bytes(&f.name)).into_owned()).collect();
+        RecordError::UnknownFormat { name: opts.format.clone(), known: known.join(", ") }
+    })?;
+
+    let nr = info.events.len();
+    let params = SessionParams {
+        size: core::mem::size_of::<SessionParams>() as u32,
+        mode: info.mode,
+        nr_counters: nr as u32,
+        cpu: u32::MAX,
+        sample_period: if info.mode == MODE_OVERFLOW { info.sample_period.max(1) } else { 0 },
+        poll_interval_ns: if info.mode == MODE_POLL { info.poll_interval_ns } else { 0 },
+        data_size_hint: opts.data_size,
+        flags: 0,
+        reserved: 0,
+    };
+    let counters: Vec<CounterConfig> = (0..nr)
+        .map(|i| CounterConfig {
+            width: u32::from(info.widths.get(i).copied().unwrap_or(64)),
+            max_rate_per_sec: info.max_rates.get(i).copied().unwrap_or(0),
+        })
+        .collect();
+    let session = Session::new(format, &params, &[], &counters).map_err(engine(format!("format '{}' refused the session", opts.format)))?;
+    let words = session.buffer_size().div_ceil(8) as usize;
+
+    let mut slots: Vec<CpuSlot> = Vec::with_capacity(info.cpus.len());
+    let mut index = vec![usize::MAX; info.cpus.iter().max().map_or(0, |&c| c as usize + 1)];
+    for &cpu in &info.cpus {
+        let mut mem = vec![0u64; words];
+        let mut buf = Buffer::from_words(&mut mem).map_err(engine("allocating a buffer"))?;
+        let cs = session.init_cpu(cpu, &mut buf, &[]).map_err(engine(format!("initialising CPU {cpu}")))?;
+        index[cpu as usize] = slots.len();
+        slots.push(CpuSlot { cpu, session: cs, words: mem });
+    }
+
+    let ops = format.ops();
+    let meta = CaptureMeta {
+        format_name: opts.format.clone(),
+        format_uuid: ops.uuid,
+        format_version: ops.version,
+        source: info.source,
+        clock: info.clock,
+        tsc_hz: info.tsc_hz,
+        mode: info.mode,
+        sample_period: params.sample_period,
+        poll_interval_ns: params.poll_interval_ns,
+        start_time_ns: info.start_time_ns,
+        start_wall_ns: if opts.host_info { wall_ns() } else { 0 },
+        events: info.events.clone(),
+        cpus: info.cpus.clone(),
+        cpu_model: info.cpu_model.clone(),
+        command: opts.command.clone(),
+        hostname: if opts.host_info { read_trimmed("/proc/sys/kernel/hostname") } else { String::new() },
+        kernel_release: if opts.host_info { read_trimmed("/proc/sys/kernel/osrelease") } else { String::new() },
+        format_arg: Vec::new(),
+        sim_config: opts.sim_config.clone(),
+    };
+    let mut writer = Writer::with_name(out, name, &meta)?;
+
+    source.start()?;
+    for slot in &mut slots {
+        let raw = source.start_values(slot.cpu);
+        let cpu = slot.cpu;
+        let mut buf = Buffer::from_words(&mut slot.words).map_err(engine("buffer"))?;
+        slot.session.start(&mut buf, &raw, info.start_time_ns).map_err(engine(format!("starting CPU {cpu}")))?;
+    }
+
+    let drain_every = if opts.drain_interval_ns == 0 { 10_000_000 } else { opts.drain_interval_ns };
+    let mut chunk = Vec::with_capacity(64 << 10);
+    let mut batch = Vec::with_capacity(4096);
+    let mut notified = vec![false; slots.len()];
+    let mut samples = 0u64;
+    let mut now_ns = info.start_time_ns;
+    let mut last_drain = info.start_time_ns;
+    let mut last_live = Instant::now();
+    let mut drains = 0u64;
+    let services = Services::NONE;
+    loop {
+        batch.clear();
+        let progress = source.next(&mut batch, Duration::from_millis(100))?;
+        for s in &batch {
+            let Some(&i) = index.get(s.cpu as usize).filter(|&&i| i != usize::MAX) else { continue };
+            let slot = &mut slots[i];
+            let mut buf = Buffer::from_words(&mut slot.words).map_err(engine("buffer"))?;
+            let ctrl = slot.session.dispatch(&mut buf, s, &services);
+            samples += 1;
+            now_ns = now_ns.max(s.time_ns);
+            if ctrl & !CTRL_NOTIFY != 0 {
+                source.control(s.cpu, ctrl);
+                if ctrl & CTRL_RESET != 0 {
+                    if let Some((idx, raw)) = source.written(s.cpu) {
+                        slot.session.set_raw(idx, raw);
+                    }
+                }
+            }
+            if ctrl & CTRL_NOTIFY != 0 {
+                notified[i] = true;
+            }
+        }
+        if opts.wake_on_notify {
+            for (i, n) in notified.iter_mut().enumerate() {
+                if std::mem::take(n) {
+                    drain(&mut slots[i], &mut writer, &mut chunk)?;
+                }
+            }
+        }
+        let finished = progress == crate::source::Progress::Finished;
+        let timed_out = opts.duration_ns.is_some_and(|d| now_ns.saturating_sub(info.start_time_ns) >= d);
+        if now_ns.saturating_sub(last_drain) >= drain_every || finished {
+            for slot in &mut slots {
+                drain(slot, &mut writer, &mut chunk)?;
+            }
+            last_drain = now_ns;
+            drains += 1;
+            if drains % 100 == 0 {
+                // Periodic statistics, so an interrupted recording still has them.
+                let stats = slots.iter_mut().map(CpuSlot::stats).collect::<Result<Vec<_>, _>>()?;
+                writer.write_stats(&stats)?;
+                writer.flush()?;
+            }
+        }
+        if last_live.elapsed() >= Duration::from_millis(200) {
+            last_live = Instant::now();
+            let drops = slots.iter_mut().map(|s| s.stats().map(|st| st.drops)).sum::<Result<u64, _>>()?;
+            live(&Live {
+                elapsed_ns: now_ns.saturating_sub(info.start_time_ns),
+                samples,
+                records: writer.records_written(),
+                drops,
+                bytes: writer.offset(),
+            });
+        }
+        if finished || timed_out || stop.load(Ordering::Relaxed) {
+            break;
+        }
+    }
+
+    let finish = source.finish()?;
+    let mut summary = RecordSummary { samples, exit_status: finish.exit_status, ..RecordSummary::default() };
+    for slot in &mut slots {
+        let cpu = slot.cpu;
+        {
+            let mut buf = Buffer::from_words(&mut slot.words).map_err(engine("buffer"))?;
+            slot.session.stop(&mut buf).map_err(engine(format!("stopping CPU {cpu}")))?;
+        }
+        drain(slot, &mut writer, &mut chunk)?;
+        let mut buf = Buffer::from_words(&mut slot.words).map_err(engine("buffer"))?;
+        let mut st = slot.session.stats(&buf);
+        let lost = finish.lost.iter().filter(|(c, _)| *c == cpu).map(|(_, n)| n).sum::<u64>();
+        summary.drops += st.drops;
+        summary.source_lost += lost;
+        summary.masked += st.masked;
+        summary.multi_wraps += st.multi_wraps;
+        st.drops += lost;
+        summary.per_cpu.push(st);
+        slot.session.exit(&mut buf).map_err(engine(format!("closing CPU {cpu}")))?;
+    }
+    let _ = registry.release(format);
+    writer.write_stats(&summary.per_cpu)?;
+    summary.records = writer.records_written();
+    summary.elapsed_ns = finish.end_time_ns.max(now_ns).saturating_sub(info.start_time_ns);
+    let end = EndInfo {
+        end_time_ns: finish.end_time_ns.max(now_ns),
+        total_records: summary.records,
+        total_drops: summary.drops + summary.source_lost,
+        exit_status: finish.exit_status,
+        reserved: 0,
+    };
+    let offset_before_end = writer.offset();
+    writer.finish(end)?;
+    summary.bytes = offset_before_end + (core::mem::size_of::<hrperf_abi::capture::ChunkHeader>() + core::mem::size_of::<EndInfo>()) as u64;
+    Ok(summary)
+}
+
+/// Moves every record in `slot`'s ring into one capture chunk.
+fn drain<W: Write>(slot: &mut CpuSlot, writer: &mut Writer<W>, chunk: &mut Vec<u8>) -> Result<(), RecordError> {
+    chunk.clear();
+    let mut n = 0u64;
+    let cpu = slot.cpu;
+    let buf = slot.buffer()?;
+    let reader = RingReader::new(&buf).map_err(engine(format!("reading CPU {cpu}'s ring")))?;
+    reader
+        .drain(|rec| {
+            chunk.extend_from_slice(rec);
+            n += 1;
+        })
+        .map_err(engine(format!("reading CPU {cpu}'s ring")))?;
+    writer.write_chunk(cpu, chunk, n)?;
+    Ok(())
+}
+
+fn wall_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+fn read_trimmed(path: &str) -> String {
+    std::fs::read_to_string(path).map(|s| s.trim().to_string()).unwrap_or_default()
+}
