@@ -26,7 +26,13 @@ const PER_CHUNK: u64 = 1024;
 fn meta() -> CaptureMeta {
     let ev = |name: &str, config| EventSpec {
         name: name.into(),
-        desc: EventDesc { kind: EVENT_TYPE_SOFTWARE, flags: 0, config, config1: 0, config2: 0 },
+        desc: EventDesc {
+            kind: EVENT_TYPE_SOFTWARE,
+            flags: 0,
+            config,
+            config1: 0,
+            config2: 0,
+        },
     };
     CaptureMeta {
         format_name: "delta".into(),
@@ -34,7 +40,11 @@ fn meta() -> CaptureMeta {
         format_version: 1 << 16,
         source: SOURCE_SIM,
         clock: CLOCK_SIM,
-        events: vec![ev("cpu-clock", 0), ev("task-clock", 1), ev("page-faults", 2)],
+        events: vec![
+            ev("cpu-clock", 0),
+            ev("task-clock", 1),
+            ev("page-faults", 2),
+        ],
         cpus: vec![0, 1],
         ..CaptureMeta::default()
     }
@@ -51,7 +61,7 @@ fn synthesize(path: &Path) {
         chunk.clear();
         for j in 0..PER_CHUNK {
             let n = i + j;
-            let overflow = n % 4 == 0;
+            let overflow = n & 3 == 0;
             let s = DeltaSample {
                 misc: if overflow { MISC_OVERFLOW } else { MISC_POLL },
                 cpu,
@@ -70,8 +80,14 @@ fn synthesize(path: &Path) {
         w.write_chunk(cpu, &chunk, PER_CHUNK).unwrap();
         i += PER_CHUNK;
     }
-    w.finish(EndInfo { end_time_ns: RECORDS * 1000, total_records: RECORDS, total_drops: 0, exit_status: 0, reserved: 0 })
-        .unwrap();
+    w.finish(EndInfo {
+        end_time_ns: RECORDS * 1000,
+        total_records: RECORDS,
+        total_drops: 0,
+        exit_status: 0,
+        reserved: 0,
+    })
+    .unwrap();
 }
 
 /// Full pass to the typed stage; returns a checksum so nothing is optimised away.
@@ -102,7 +118,9 @@ fn through_plugin(path: &Path, plugin: &Plugin) -> u64 {
         }
         let ctx = decode_ctx(r.meta(), chunk.cpu);
         for rec in chunk.records() {
-            let d = plugin.decode(&ctx, rec.unwrap().bytes, &mut scratch).unwrap();
+            let d = plugin
+                .decode(&ctx, rec.unwrap().bytes, &mut scratch)
+                .unwrap();
             if let (Value::Time(t), Value::Counters(c)) = (d.value(1), d.value(8)) {
                 sum = sum.wrapping_add(t).wrapping_add(c.get(0).unwrap_or(0));
             }
@@ -116,11 +134,14 @@ fn plugin_path() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let deps = exe.parent()?;
     let profile = deps.parent()?;
-    [profile.join("libhrperf_decode_delta.so"), deps.join("libhrperf_decode_delta.so")]
-        .into_iter()
-        .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
-        .max()
-        .map(|(_, p)| p)
+    [
+        profile.join("libhrperf_decode_delta.so"),
+        deps.join("libhrperf_decode_delta.so"),
+    ]
+    .into_iter()
+    .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
+    .max()
+    .map(|(_, p)| p)
 }
 
 fn bench(c: &mut Criterion) {

@@ -36,8 +36,8 @@ use serde::{Serialize, Serializer};
 
 use crate::capture::{CaptureError, CaptureMeta, Reader, Scan, Warning};
 use crate::plugin::{
-    DecodeError, DecodeScratch, Decoded, FieldKind, FieldSchema, KindSchema, Plugin, U64s,
-    Value, LOST_KIND,
+    DecodeError, DecodeScratch, Decoded, FieldKind, FieldSchema, KindSchema, Plugin, U64s, Value,
+    LOST_KIND,
 };
 
 /// The [`DecodeCtx`] for records of `cpu` in a capture described by `meta`.
@@ -81,12 +81,24 @@ pub struct DecodeSummary {
 
 impl fmt::Display for DecodeSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} records decoded from {} chunks", self.records, self.chunks)?;
+        write!(
+            f,
+            "{} records decoded from {} chunks",
+            self.records, self.chunks
+        )?;
         if self.lost_records > 0 {
-            write!(f, "; {} records lost (in {} LOST records)", self.lost, self.lost_records)?;
+            write!(
+                f,
+                "; {} records lost (in {} LOST records)",
+                self.lost, self.lost_records
+            )?;
         }
         if self.unknown > 0 {
-            write!(f, "; {} records of types the plugin does not decode skipped (", self.unknown)?;
+            write!(
+                f,
+                "; {} records of types the plugin does not decode skipped (",
+                self.unknown
+            )?;
             for (i, (t, n)) in self.unknown_types.iter().enumerate() {
                 write!(f, "{}type {t:#x}: {n}", if i > 0 { ", " } else { "" })?;
             }
@@ -226,7 +238,10 @@ impl Schema {
         kinds.push(KindSchema {
             name: LOST_KIND.into(),
             record_type: RecordType::LOST,
-            fields: vec![FieldSchema { name: "lost".into(), kind: FieldKind::U64 }],
+            fields: vec![FieldSchema {
+                name: "lost".into(),
+                kind: FieldKind::U64,
+            }],
         });
 
         let mut columns: Vec<String> = vec!["kind".into(), "cpu".into()];
@@ -287,8 +302,17 @@ impl Schema {
                 row
             })
             .collect();
-        let host_cpu = kinds.iter().map(|k| !k.fields.iter().any(|f| f.name == "cpu")).collect();
-        Schema { events, kinds, columns, cells, host_cpu }
+        let host_cpu = kinds
+            .iter()
+            .map(|k| !k.fields.iter().any(|f| f.name == "cpu"))
+            .collect();
+        Schema {
+            events,
+            kinds,
+            columns,
+            cells,
+            host_cpu,
+        }
     }
 
     /// Index of the host's `lost` kind in [`Schema::kinds`].
@@ -327,12 +351,22 @@ pub struct Row<'a> {
 impl<'a> Row<'a> {
     /// A record the plugin decoded (`kind` is [`Decoded::kind_index`]).
     pub fn decoded(cpu: u32, offset: u64, d: &'a Decoded<'a>) -> Self {
-        Row { kind: d.kind_index(), cpu, offset, data: RowData::Decoded(d) }
+        Row {
+            kind: d.kind_index(),
+            cpu,
+            offset,
+            data: RowData::Decoded(d),
+        }
     }
 
     /// A `LOST` record of `schema`.
     pub fn lost(schema: &Schema, cpu: u32, offset: u64, lost: u64) -> Self {
-        Row { kind: schema.lost_kind(), cpu, offset, data: RowData::Lost(lost) }
+        Row {
+            kind: schema.lost_kind(),
+            cpu,
+            offset,
+            data: RowData::Lost(lost),
+        }
     }
 
     /// Value of field `i` of the row's kind.
@@ -387,7 +421,9 @@ pub struct JsonSink<W: Write> {
 impl<W: Write> JsonSink<W> {
     /// Writes JSON lines to `out`.
     pub fn new(out: W) -> Self {
-        JsonSink { out: BufWriter::with_capacity(OUT_BUF, out) }
+        JsonSink {
+            out: BufWriter::with_capacity(OUT_BUF, out),
+        }
     }
 }
 
@@ -447,7 +483,10 @@ impl Serialize for JsonRow<'_, '_> {
                 Value::I64(v) => m.serialize_value(&v)?,
                 Value::Hex(v) => m.serialize_value(&Hex(v))?,
                 Value::Str(v) => m.serialize_value(v)?,
-                Value::Counters(l) => m.serialize_value(&JsonCounters { schema: self.schema, list: l })?,
+                Value::Counters(l) => m.serialize_value(&JsonCounters {
+                    schema: self.schema,
+                    list: l,
+                })?,
                 Value::HexList(l) => m.serialize_value(&JsonHexList(l))?,
             }
         }
@@ -462,7 +501,9 @@ impl<W: Write> Sink for JsonSink<W> {
 
     fn record(&mut self, schema: &Schema, row: &Row<'_>) -> io::Result<()> {
         let mut ser = serde_json::Serializer::new(&mut self.out);
-        JsonRow { schema, row }.serialize(&mut ser).map_err(io::Error::from)?;
+        JsonRow { schema, row }
+            .serialize(&mut ser)
+            .map_err(io::Error::from)?;
         self.out.write_all(b"\n")
     }
 
@@ -507,7 +548,9 @@ pub struct CsvSink<W: Write> {
 impl<W: Write> CsvSink<W> {
     /// Writes CSV to `out`.
     pub fn new(out: W) -> Self {
-        CsvSink { out: BufWriter::with_capacity(OUT_BUF, out) }
+        CsvSink {
+            out: BufWriter::with_capacity(OUT_BUF, out),
+        }
     }
 }
 
@@ -598,7 +641,12 @@ pub struct TableSink<W: Write> {
 impl<W: Write> TableSink<W> {
     /// Writes a table to `out`.
     pub fn new(out: W) -> Self {
-        TableSink { out: BufWriter::with_capacity(OUT_BUF, out), widths: Vec::new(), right: Vec::new(), buf: Vec::new() }
+        TableSink {
+            out: BufWriter::with_capacity(OUT_BUF, out),
+            widths: Vec::new(),
+            right: Vec::new(),
+            buf: Vec::new(),
+        }
     }
 }
 
@@ -611,10 +659,15 @@ impl<W: Write> Sink for TableSink<W> {
         for (col, name) in schema.columns.iter().enumerate() {
             // The kind that defines the column decides its type (the lost kind's `lost`
             // column is not shown: LOST records get a line of their own).
-            let cell = schema.cells[..lost].iter().map(|c| c[col]).find(|c| *c != Cell::Empty);
+            let cell = schema.cells[..lost]
+                .iter()
+                .map(|c| c[col])
+                .find(|c| *c != Cell::Empty);
             let kind = match cell {
                 Some(Cell::Field(i)) => {
-                    let k = schema.cells[..lost].iter().position(|c| c[col] == Cell::Field(i));
+                    let k = schema.cells[..lost]
+                        .iter()
+                        .position(|c| c[col] == Cell::Field(i));
                     k.map(|k| schema.kinds[k].fields[i].kind)
                 }
                 Some(Cell::Counter(..)) => Some(FieldKind::Counters),
@@ -632,7 +685,11 @@ impl<W: Write> Sink for TableSink<W> {
                 Some(FieldKind::HexList) => (0, false),
                 Some(FieldKind::U64 | FieldKind::I64) => (7, true),
             };
-            let width = if kind.is_none() { 0 } else { name.len().max(min) };
+            let width = if kind.is_none() {
+                0
+            } else {
+                name.len().max(min)
+            };
             self.widths.push(width);
             self.right.push(right);
             if width > 0 {
@@ -677,7 +734,9 @@ impl<W: Write> Sink for TableSink<W> {
                     }
                 }
                 Cell::Field(i) => match row.value(i) {
-                    Value::Time(t) => write!(cell_buf, "{}.{:09}", t / 1_000_000_000, t % 1_000_000_000)?,
+                    Value::Time(t) => {
+                        write!(cell_buf, "{}.{:09}", t / 1_000_000_000, t % 1_000_000_000)?
+                    }
                     Value::Absent => cell_buf.push(b'-'),
                     v => plain_value(&mut cell_buf, v)?,
                 },
@@ -817,7 +876,10 @@ pub fn decode_capture<S: Sink + ?Sized>(
     summary.warnings.extend_from_slice(chunks.warnings());
     sink.finish()?;
     match failure {
-        Some(error) => Err(DecodeCaptureError::Corrupt { error, partial: Box::new(summary) }),
+        Some(error) => Err(DecodeCaptureError::Corrupt {
+            error,
+            partial: Box::new(summary),
+        }),
         None => Ok(summary),
     }
 }
@@ -854,8 +916,20 @@ pub fn describe_event(d: &EventDesc) -> String {
 pub fn write_info(reader: &Reader, scan: &Scan, out: &mut dyn Write) -> io::Result<()> {
     let m = reader.meta();
     let h = reader.header();
-    writeln!(out, "file:          {} ({} bytes, capture version {})", reader.path().display(), reader.file_size(), h.version)?;
-    writeln!(out, "format:        {} {} ({})", m.format_name, version_string(m.format_version), m.format_uuid)?;
+    writeln!(
+        out,
+        "file:          {} ({} bytes, capture version {})",
+        reader.path().display(),
+        reader.file_size(),
+        h.version
+    )?;
+    writeln!(
+        out,
+        "format:        {} {} ({})",
+        m.format_name,
+        version_string(m.format_version),
+        m.format_uuid
+    )?;
     writeln!(out, "source:        {}", source_name(m.source))?;
     let mut clock = clock_name(m.clock).to_owned();
     if m.tsc_hz != 0 {
@@ -868,7 +942,11 @@ pub fn write_info(reader: &Reader, scan: &Scan, out: &mut dyn Write) -> io::Resu
         other => mode_name(other).to_owned(),
     };
     writeln!(out, "mode:          {mode}")?;
-    writeln!(out, "start:         {} ns (wall clock {} ns)", m.start_time_ns, m.start_wall_ns)?;
+    writeln!(
+        out,
+        "start:         {} ns (wall clock {} ns)",
+        m.start_time_ns, m.start_wall_ns
+    )?;
     writeln!(out, "events:")?;
     for (i, e) in m.events.iter().enumerate() {
         writeln!(out, "  {i}: {} ({})", e.name, describe_event(&e.desc))?;
@@ -879,7 +957,11 @@ pub fn write_info(reader: &Reader, scan: &Scan, out: &mut dyn Write) -> io::Resu
         writeln!(out, "cpu model:     {}", m.cpu_model)?;
     }
     if !m.hostname.is_empty() || !m.kernel_release.is_empty() {
-        writeln!(out, "host:          {} (kernel {})", m.hostname, m.kernel_release)?;
+        writeln!(
+            out,
+            "host:          {} (kernel {})",
+            m.hostname, m.kernel_release
+        )?;
     }
     if !m.command.is_empty() {
         writeln!(out, "command:       {}", m.command.join(" "))?;
@@ -894,7 +976,11 @@ pub fn write_info(reader: &Reader, scan: &Scan, out: &mut dyn Write) -> io::Resu
         }
     }
     let t = scan.totals();
-    write!(out, "records:       {} in {} chunks ({} data bytes)", t.records, scan.chunks, scan.data_bytes)?;
+    write!(
+        out,
+        "records:       {} in {} chunks ({} data bytes)",
+        t.records, scan.chunks, scan.data_bytes
+    )?;
     let mut first = true;
     for (&ty, &n) in &scan.record_types {
         let name = match RecordType(ty) {
@@ -902,11 +988,21 @@ pub fn write_info(reader: &Reader, scan: &Scan, out: &mut dyn Write) -> io::Resu
             RecordType::DELTA => "delta".to_owned(),
             _ => format!("{ty:#x}"),
         };
-        write!(out, "{}{name}: {n}", if first { "; by type: " } else { ", " })?;
+        write!(
+            out,
+            "{}{name}: {n}",
+            if first { "; by type: " } else { ", " }
+        )?;
         first = false;
     }
     writeln!(out)?;
-    writeln!(out, "dropped:       {} (LOST records: {}, lost in them: {})", t.drops(), t.lost_records, t.lost)?;
+    writeln!(
+        out,
+        "dropped:       {} (LOST records: {}, lost in them: {})",
+        t.drops(),
+        t.lost_records,
+        t.lost
+    )?;
     match &scan.end {
         Some(e) => writeln!(
             out,
@@ -916,7 +1012,11 @@ pub fn write_info(reader: &Reader, scan: &Scan, out: &mut dyn Write) -> io::Resu
         None => writeln!(out, "finished:      no")?,
     }
     writeln!(out, "per CPU:")?;
-    writeln!(out, "  {:>4} {:>7} {:>12} {:>10} {:>12} {:>10} {:>11}", "cpu", "chunks", "records", "drops", "overflows", "masked", "multi_wraps")?;
+    writeln!(
+        out,
+        "  {:>4} {:>7} {:>12} {:>10} {:>12} {:>10} {:>11}",
+        "cpu", "chunks", "records", "drops", "overflows", "masked", "multi_wraps"
+    )?;
     for c in &scan.cpus {
         writeln!(
             out,
@@ -935,7 +1035,10 @@ pub fn write_info(reader: &Reader, scan: &Scan, out: &mut dyn Write) -> io::Resu
     }
     if let Some(e) = &scan.error {
         writeln!(out, "error: {e}")?;
-        writeln!(out, "       (everything above counts only the intact chunks before it)")?;
+        writeln!(
+            out,
+            "       (everything above counts only the intact chunks before it)"
+        )?;
     }
     Ok(())
 }

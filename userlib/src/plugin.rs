@@ -40,10 +40,10 @@ use std::path::{Path, PathBuf};
 
 use hrperf_abi::format::Uuid;
 use hrperf_abi::plugin::{
-    DecodeCtx, DecodeFn, FieldValue, PluginDecl, PluginEntryFn, DECODE_EFAULT,
-    DECODE_EMALFORMED, DECODE_ESPACE, DECODE_ETRUNCATED, DECODE_EUNKNOWN, FIELD_COUNTERS,
-    FIELD_FL_ABSENT, FIELD_HEX, FIELD_HEX_LIST, FIELD_I64, FIELD_STR, FIELD_TIME, FIELD_U64,
-    PLUGIN_ABI_VERSION, PLUGIN_ENTRY_SYMBOL,
+    DecodeCtx, DecodeFn, FieldValue, PluginDecl, PluginEntryFn, DECODE_EFAULT, DECODE_EMALFORMED,
+    DECODE_ESPACE, DECODE_ETRUNCATED, DECODE_EUNKNOWN, FIELD_COUNTERS, FIELD_FL_ABSENT, FIELD_HEX,
+    FIELD_HEX_LIST, FIELD_I64, FIELD_STR, FIELD_TIME, FIELD_U64, PLUGIN_ABI_VERSION,
+    PLUGIN_ENTRY_SYMBOL,
 };
 use hrperf_abi::RecordType;
 use libloading::Library;
@@ -325,7 +325,10 @@ impl fmt::Debug for Plugin {
         f.debug_struct("Plugin")
             .field("name", &self.name)
             .field("uuid", &format_args!("{}", self.uuid))
-            .field("format_version", &format_args!("{:#x}", self.format_version))
+            .field(
+                "format_version",
+                &format_args!("{:#x}", self.format_version),
+            )
             .field("path", &self.path)
             .field("kinds", &self.kinds)
             .finish_non_exhaustive()
@@ -338,13 +341,18 @@ impl Plugin {
         // SAFETY: loading a shared object runs its initialisers. Plugins are code the user
         // installed into hrperf's plugin directories (or named explicitly), trusted as
         // much as hrperf itself; nothing else is called before the checks below.
-        let lib = unsafe { Library::new(path) }
-            .map_err(|source| PluginLoadError::Load { path: path.to_owned(), source })?;
+        let lib = unsafe { Library::new(path) }.map_err(|source| PluginLoadError::Load {
+            path: path.to_owned(),
+            source,
+        })?;
         // SAFETY: the plugin ABI fixes the entry's type as `PluginEntryFn`; the copied
         // function pointer is only used while `lib` is alive (it moves into the Plugin).
         let entry: PluginEntryFn = unsafe { lib.get::<PluginEntryFn>(PLUGIN_ENTRY_SYMBOL) }
             .map(|sym| *sym)
-            .map_err(|source| PluginLoadError::NoEntry { path: path.to_owned(), source })?;
+            .map_err(|source| PluginLoadError::NoEntry {
+                path: path.to_owned(),
+                source,
+            })?;
         // SAFETY: the entry takes no arguments and, per the ABI, only returns a pointer to
         // static data; this is the one call made before the declaration is checked.
         let decl = unsafe { entry() };
@@ -381,7 +389,10 @@ impl Plugin {
         lib: Option<Library>,
     ) -> Result<Plugin, PluginLoadError> {
         if decl.is_null() || decl.align_offset(align_of::<PluginDecl>()) != 0 {
-            return Err(PluginLoadError::BadPointer { path, ptr: decl as usize });
+            return Err(PluginLoadError::BadPointer {
+                path,
+                ptr: decl as usize,
+            });
         }
         // SAFETY: every ABI version's declaration starts with `abi_version: u32, size:
         // u32`; these 8 bytes (aligned, checked above) are all that is read before the
@@ -396,12 +407,19 @@ impl Plugin {
         }
         let min = size_of::<PluginDecl>() as u32;
         if size < min {
-            return Err(PluginLoadError::DeclSize { path, found: size, min });
+            return Err(PluginLoadError::DeclSize {
+                path,
+                found: size,
+                min,
+            });
         }
         // SAFETY: the plugin declares this ABI version and a size covering the whole
         // struct, so the static object behind `decl` is a complete `PluginDecl`.
         let d = unsafe { &*decl };
-        let invalid = |problem: String| PluginLoadError::Invalid { path: path.clone(), problem };
+        let invalid = |problem: String| PluginLoadError::Invalid {
+            path: path.clone(),
+            problem,
+        };
 
         // SAFETY: a valid declaration's strings are null or NUL-terminated static data.
         let name = unsafe { c_string(d.name) }.map_err(|p| invalid(format!("name {p}")))?;
@@ -426,7 +444,8 @@ impl Plugin {
         let mut kinds = Vec::with_capacity(raw_kinds.len());
         for (i, k) in raw_kinds.iter().enumerate() {
             // SAFETY: as for the plugin's name.
-            let kname = unsafe { c_string(k.name) }.map_err(|p| invalid(format!("kind {i} name {p}")))?;
+            let kname =
+                unsafe { c_string(k.name) }.map_err(|p| invalid(format!("kind {i} name {p}")))?;
             if k.record_type < RecordType::DELTA.0 {
                 return Err(invalid(format!(
                     "kind '{kname}' claims record type {:#x}, a core type (below 0x1000) the host decodes itself",
@@ -452,25 +471,50 @@ impl Plugin {
                 let fname = unsafe { c_string(f.name) }
                     .map_err(|p| invalid(format!("kind '{kname}' field {j} name {p}")))?;
                 let Some(kind) = FieldKind::from_abi(f.kind) else {
-                    return Err(invalid(format!("kind '{kname}' field '{fname}': unknown FIELD_* kind {}", f.kind)));
+                    return Err(invalid(format!(
+                        "kind '{kname}' field '{fname}': unknown FIELD_* kind {}",
+                        f.kind
+                    )));
                 };
                 if f.flags != 0 {
-                    return Err(invalid(format!("kind '{kname}' field '{fname}': reserved flags {:#x}", f.flags)));
+                    return Err(invalid(format!(
+                        "kind '{kname}' field '{fname}': reserved flags {:#x}",
+                        f.flags
+                    )));
                 }
                 if fields.iter().any(|g: &FieldSchema| g.name == fname) || fname == "kind" {
-                    return Err(invalid(format!("kind '{kname}': field name '{fname}' repeats or is reserved")));
+                    return Err(invalid(format!(
+                        "kind '{kname}': field name '{fname}' repeats or is reserved"
+                    )));
                 }
                 fields.push(FieldSchema { name: fname, kind });
             }
-            if kinds.iter().any(|o: &KindSchema| o.name == kname || o.record_type.0 == k.record_type) {
-                return Err(invalid(format!("kind '{kname}' ({:#x}) is declared twice", k.record_type)));
+            if kinds
+                .iter()
+                .any(|o: &KindSchema| o.name == kname || o.record_type.0 == k.record_type)
+            {
+                return Err(invalid(format!(
+                    "kind '{kname}' ({:#x}) is declared twice",
+                    k.record_type
+                )));
             }
             if kname == LOST_KIND {
-                return Err(invalid(format!("kind name '{LOST_KIND}' is reserved for the host")));
+                return Err(invalid(format!(
+                    "kind name '{LOST_KIND}' is reserved for the host"
+                )));
             }
-            kinds.push(KindSchema { name: kname, record_type: RecordType(k.record_type), fields });
+            kinds.push(KindSchema {
+                name: kname,
+                record_type: RecordType(k.record_type),
+                fields,
+            });
         }
-        let max_fields = kinds.iter().map(|k| k.fields.len()).max().unwrap_or(0).max(1);
+        let max_fields = kinds
+            .iter()
+            .map(|k| k.fields.len())
+            .max()
+            .unwrap_or(0)
+            .max(1);
         Ok(Plugin {
             name,
             description,
@@ -518,7 +562,10 @@ impl Plugin {
     /// The kind decoding `record_type`, with its index.
     #[inline]
     pub fn kind_of(&self, record_type: RecordType) -> Option<(usize, &KindSchema)> {
-        self.kinds.iter().enumerate().find(|(_, k)| k.record_type == record_type)
+        self.kinds
+            .iter()
+            .enumerate()
+            .find(|(_, k)| k.record_type == record_type)
     }
 
     /// Decodes one record (`rec`, header included) through the plugin.
@@ -541,18 +588,30 @@ impl Plugin {
         // SAFETY: `ctx` is a valid DecodeCtx, `rec` is valid for `rec.len()` bytes and
         // `out` for `cap` values, all for the duration of the call; the plugin's library
         // is alive (owned by `self`), and its declaration passed `check`.
-        let rc = unsafe { (self.decode)(ctx, rec.as_ptr(), rec.len(), out.as_mut_ptr(), cap as u32) };
+        let rc =
+            unsafe { (self.decode)(ctx, rec.as_ptr(), rec.len(), out.as_mut_ptr(), cap as u32) };
         if rc < 0 {
             return Err(DecodeError::from_code(rc));
         }
         let Some(kind) = self.kinds.get(rc as usize) else {
-            return Err(DecodeError::KindIndex { index: rc, nr_kinds: self.kinds.len() as u32 });
+            return Err(DecodeError::KindIndex {
+                index: rc,
+                nr_kinds: self.kinds.len() as u32,
+            });
         };
         let values = &scratch.values[..kind.fields.len()];
         for (i, (f, v)) in kind.fields.iter().zip(values).enumerate() {
-            check_value(f.kind, v).map_err(|problem| DecodeError::Value { field: i as u32, problem })?;
+            check_value(f.kind, v).map_err(|problem| DecodeError::Value {
+                field: i as u32,
+                problem,
+            })?;
         }
-        Ok(Decoded { kind_index: rc as usize, kind, values, _rec: PhantomData })
+        Ok(Decoded {
+            kind_index: rc as usize,
+            kind,
+            values,
+            _rec: PhantomData,
+        })
     }
 }
 
@@ -696,7 +755,11 @@ impl<'a> Decoded<'a> {
 
     /// The fields with their values, in schema order.
     pub fn fields(&self) -> impl Iterator<Item = (&'a FieldSchema, Value<'a>)> + '_ {
-        self.kind.fields.iter().enumerate().map(move |(i, f)| (f, self.value(i)))
+        self.kind
+            .fields
+            .iter()
+            .enumerate()
+            .map(move |(i, f)| (f, self.value(i)))
     }
 }
 
@@ -808,7 +871,10 @@ impl PluginHost {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) if e.kind() == io::ErrorKind::NotADirectory => continue,
                 Err(source) => {
-                    errors.push(PluginLoadError::Dir { path: dir.clone(), source });
+                    errors.push(PluginLoadError::Dir {
+                        path: dir.clone(),
+                        source,
+                    });
                     continue;
                 }
             };
@@ -828,7 +894,10 @@ impl PluginHost {
                 }
                 match Plugin::load(&file) {
                     Ok(p) => {
-                        if let Some(first) = plugins.iter().find(|q| q.uuid == p.uuid || q.name == p.name) {
+                        if let Some(first) = plugins
+                            .iter()
+                            .find(|q| q.uuid == p.uuid || q.name == p.name)
+                        {
                             errors.push(PluginLoadError::Duplicate {
                                 path: file,
                                 name: p.name.clone(),
@@ -849,7 +918,9 @@ impl PluginHost {
     /// The plugin named `key`, or whose UUID is `key` (hyphenated or plain hex, any case).
     pub fn find<'a>(plugins: &'a [Plugin], key: &str) -> Option<&'a Plugin> {
         let uuid = parse_uuid(key);
-        plugins.iter().find(|p| p.name == key || Some(p.uuid) == uuid)
+        plugins
+            .iter()
+            .find(|p| p.name == key || Some(p.uuid) == uuid)
     }
 
     /// The plugin for the format `uuid`.
@@ -879,7 +950,9 @@ mod tests {
 
     #[test]
     fn uuid_parsing() {
-        let u = Uuid([0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8]);
+        let u = Uuid([
+            0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8,
+        ]);
         assert_eq!(parse_uuid(&u.to_string()), Some(u));
         assert_eq!(parse_uuid("123456789ABCDEF00102030405060708"), Some(u));
         assert_eq!(parse_uuid("1234"), None);

@@ -29,7 +29,10 @@ struct Walk {
 }
 
 fn walk(r: &Reader) -> Walk {
-    let mut w = Walk { warnings: r.warnings().to_vec(), ..Walk::default() };
+    let mut w = Walk {
+        warnings: r.warnings().to_vec(),
+        ..Walk::default()
+    };
     let mut chunks = r.chunks();
     'outer: for c in &mut chunks {
         let c = match c {
@@ -69,7 +72,10 @@ fn round_trip_meta_chunks_stats_end() {
     let w = walk(&r);
     assert!(w.error.is_none(), "{:?}", w.error);
     assert!(w.warnings.is_empty(), "{:?}", w.warnings);
-    assert_eq!(w.chunk_kinds, [CHUNK_DATA, CHUNK_DATA, CHUNK_DATA, CHUNK_STATS, CHUNK_END]);
+    assert_eq!(
+        w.chunk_kinds,
+        [CHUNK_DATA, CHUNK_DATA, CHUNK_DATA, CHUNK_STATS, CHUNK_END]
+    );
     // 10 deltas + 1 LOST + 1 foreign; the PAD is skipped.
     assert_eq!(w.records.len(), 12);
     let deltas: Vec<_> = w
@@ -89,7 +95,11 @@ fn round_trip_meta_chunks_stats_end() {
     }
 
     let mut chunks = r.chunks();
-    let stats: Vec<_> = chunks.by_ref().filter_map(Result::ok).flat_map(|c| c.stats()).collect();
+    let stats: Vec<_> = chunks
+        .by_ref()
+        .filter_map(Result::ok)
+        .flat_map(|c| c.stats())
+        .collect();
     assert_eq!(stats, [common::stats(0, 7, 0), common::stats(1, 5, 6)]);
     assert_eq!(chunks.end(), Some(&end_info(12, 6)));
 }
@@ -148,8 +158,14 @@ fn writer_rejects_what_the_file_cannot_hold() {
 
 #[test]
 fn empty_metadata_round_trips() {
-    let m = hrperf::capture::CaptureMeta { format_name: "delta".into(), ..Default::default() };
-    let bytes = Writer::new(Vec::new(), &m).unwrap().finish(end_info(0, 0)).unwrap();
+    let m = hrperf::capture::CaptureMeta {
+        format_name: "delta".into(),
+        ..Default::default()
+    };
+    let bytes = Writer::new(Vec::new(), &m)
+        .unwrap()
+        .finish(end_info(0, 0))
+        .unwrap();
     let r = read(&bytes).unwrap();
     assert_eq!(r.meta(), &m);
     let w = walk(&r);
@@ -170,31 +186,57 @@ fn truncation_at_every_offset() {
         let r = match read(cut) {
             Ok(r) => r,
             Err(e) => {
-                assert!(len < first_chunk, "length {len}: open failed past the metadata: {e}");
+                assert!(
+                    len < first_chunk,
+                    "length {len}: open failed past the metadata: {e}"
+                );
                 let msg = e.to_string();
                 assert!(msg.contains("test.data"), "{msg}");
-                if len >= 8 && len < 192 {
-                    assert!(matches!(e, CaptureError::BadHeader { problem: HeaderProblem::Truncated { .. }, .. }), "{e}");
+                if (8..192).contains(&len) {
+                    assert!(
+                        matches!(
+                            e,
+                            CaptureError::BadHeader {
+                                problem: HeaderProblem::Truncated { .. },
+                                ..
+                            }
+                        ),
+                        "{e}"
+                    );
                 }
                 continue;
             }
         };
         assert!(len >= first_chunk, "length {len}: metadata cut but opened");
         let w = walk(&r);
-        assert_eq!(&full.records[..w.records.len()], &w.records[..], "length {len}");
+        assert_eq!(
+            &full.records[..w.records.len()],
+            &w.records[..],
+            "length {len}"
+        );
         if chunks.contains(&(len as u64)) {
             assert!(w.error.is_none(), "length {len}: {:?}", w.error);
-            assert!(w.warnings.contains(&Warning::NoEndChunk), "length {len}: {:?}", w.warnings);
+            assert!(
+                w.warnings.contains(&Warning::NoEndChunk),
+                "length {len}: {:?}",
+                w.warnings
+            );
         } else {
             let e = w.error.unwrap_or_else(|| panic!("length {len}: no error"));
             // The error names the chunk that was cut, by offset.
             let at = *chunks.iter().filter(|&&c| c < len as u64).max().unwrap();
             assert_eq!(e.offset(), Some(at), "length {len}: {e}");
             assert!(e.to_string().contains(&format!("offset {at}")), "{e}");
-            assert!(matches!(
-                e,
-                CaptureError::BadChunk { problem: ChunkProblem::Truncated { .. } | ChunkProblem::PastEof { .. }, .. }
-            ), "length {len}: {e}");
+            assert!(
+                matches!(
+                    e,
+                    CaptureError::BadChunk {
+                        problem: ChunkProblem::Truncated { .. } | ChunkProblem::PastEof { .. },
+                        ..
+                    }
+                ),
+                "length {len}: {e}"
+            );
         }
     }
 }
@@ -255,17 +297,38 @@ fn flipped_bytes_are_caught_or_harmless() {
             Some(e) => {
                 assert_eq!(e.offset(), Some(chunk as u64), "flip at {at}: {e}");
                 // Everything before the damaged chunk is intact.
-                let before: Vec<_> = full.records.iter().filter(|r| (r.1 as usize) < chunk).cloned().collect();
+                let before: Vec<_> = full
+                    .records
+                    .iter()
+                    .filter(|r| (r.1 as usize) < chunk)
+                    .cloned()
+                    .collect();
                 assert_eq!(&w.records[..before.len()], &before[..], "flip at {at}");
             }
-            None if in_header && (offset_of!(ChunkHeader, cpu)..offset_of!(ChunkHeader, cpu) + 4).contains(&field) => {}
-            None if in_header && (offset_of!(ChunkHeader, kind)..offset_of!(ChunkHeader, kind) + 4).contains(&field) => {
-                assert!(w.warnings.iter().any(|w| matches!(w, Warning::UnknownChunk { .. })), "flip at {at}");
+            None if in_header
+                && (offset_of!(ChunkHeader, cpu)..offset_of!(ChunkHeader, cpu) + 4)
+                    .contains(&field) => {}
+            None if in_header
+                && (offset_of!(ChunkHeader, kind)..offset_of!(ChunkHeader, kind) + 4)
+                    .contains(&field) =>
+            {
+                assert!(
+                    w.warnings
+                        .iter()
+                        .any(|w| matches!(w, Warning::UnknownChunk { .. })),
+                    "flip at {at}"
+                );
             }
             None => panic!("flip at {at} (chunk at {chunk}, byte {field}) not caught"),
         }
         if !in_header {
-            assert!(matches!(w.error, Some(CaptureError::BadChunk { problem: ChunkProblem::Crc { .. }, .. })));
+            assert!(matches!(
+                w.error,
+                Some(CaptureError::BadChunk {
+                    problem: ChunkProblem::Crc { .. },
+                    ..
+                })
+            ));
         }
     }
     // The undetectable bytes are exactly the free-valued ones; list them so a change in
@@ -281,9 +344,20 @@ fn bad_magic_is_not_a_capture() {
     let e = read(&b).unwrap_err();
     assert!(matches!(e, CaptureError::NotACapture { .. }));
     let msg = e.to_string();
-    assert!(msg.contains("not an hrperf capture") && msg.contains("PERFILE2") && msg.contains("offset 0"), "{msg}");
-    assert!(matches!(read(b"hello").unwrap_err(), CaptureError::NotACapture { .. }));
-    assert!(matches!(read(b"").unwrap_err(), CaptureError::BadHeader { .. }));
+    assert!(
+        msg.contains("not an hrperf capture")
+            && msg.contains("PERFILE2")
+            && msg.contains("offset 0"),
+        "{msg}"
+    );
+    assert!(matches!(
+        read(b"hello").unwrap_err(),
+        CaptureError::NotACapture { .. }
+    ));
+    assert!(matches!(
+        read(b"").unwrap_err(),
+        CaptureError::BadHeader { .. }
+    ));
 }
 
 #[test]
@@ -293,7 +367,11 @@ fn other_byte_order_is_named() {
     b[off..off + 4].reverse();
     let e = read(&b).unwrap_err();
     assert!(matches!(e, CaptureError::OtherByteOrder { .. }), "{e}");
-    assert!(e.to_string().contains("written on a host of the other byte order"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("written on a host of the other byte order"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -302,7 +380,17 @@ fn future_version_is_refused() {
     let off = offset_of!(FileHeader, version);
     b[off..off + 4].copy_from_slice(&2u32.to_ne_bytes());
     let e = read(&b).unwrap_err();
-    assert!(matches!(e, CaptureError::UnsupportedVersion { found: 2, supported: 1, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            CaptureError::UnsupportedVersion {
+                found: 2,
+                supported: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(e.to_string().contains("newer hrperf"), "{e}");
 }
 
@@ -348,7 +436,10 @@ fn unknown_sections_are_skipped_with_a_warning() {
     let b = with_extra_section(&small_capture(), &section_bytes(0x77, b"future data"));
     let r = read(&b).unwrap();
     assert_eq!(r.meta(), &meta());
-    assert!(matches!(r.warnings(), [Warning::UnknownSection { kind: 0x77, .. }]));
+    assert!(matches!(
+        r.warnings(),
+        [Warning::UnknownSection { kind: 0x77, .. }]
+    ));
     assert_eq!(walk(&r).records.len(), 12);
 }
 
@@ -356,20 +447,51 @@ fn unknown_sections_are_skipped_with_a_warning() {
 fn bad_sections_are_errors() {
     let base = small_capture();
     // Duplicate host name.
-    let e = read(&with_extra_section(&base, &section_bytes(SECTION_HOSTNAME, b"again"))).unwrap_err();
-    assert!(matches!(e, CaptureError::BadSection { problem: SectionProblem::Duplicate { .. }, .. }), "{e}");
+    let e = read(&with_extra_section(
+        &base,
+        &section_bytes(SECTION_HOSTNAME, b"again"),
+    ))
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            CaptureError::BadSection {
+                problem: SectionProblem::Duplicate { .. },
+                ..
+            }
+        ),
+        "{e}"
+    );
     // A section that claims more than the metadata holds.
     let mut s = section_bytes(0x77, b"12345678");
     s[4..8].copy_from_slice(&64u32.to_ne_bytes());
     let e = read(&with_extra_section(&base, &s)).unwrap_err();
-    assert!(matches!(e, CaptureError::BadSection { problem: SectionProblem::PastEnd { .. }, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            CaptureError::BadSection {
+                problem: SectionProblem::PastEnd { .. },
+                ..
+            }
+        ),
+        "{e}"
+    );
     let first = chunk_offsets(&base)[0];
     assert_eq!(e.offset(), Some(first), "{e}");
     // Non-zero padding.
     let mut s = section_bytes(0x77, b"123");
     s[12] = 1;
     let e = read(&with_extra_section(&base, &s)).unwrap_err();
-    assert!(matches!(e, CaptureError::BadSection { problem: SectionProblem::Padding, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            CaptureError::BadSection {
+                problem: SectionProblem::Padding,
+                ..
+            }
+        ),
+        "{e}"
+    );
     const _: () = assert!(size_of::<Section>() == 8);
 }
 
@@ -412,7 +534,10 @@ fn missing_end_is_a_warning_not_an_error() {
     assert!(w.error.is_none());
     assert_eq!(w.records.len(), 6);
     assert_eq!(w.warnings, [Warning::NoEndChunk]);
-    assert_eq!(Warning::NoEndChunk.to_string(), "recording did not finish (no end chunk)");
+    assert_eq!(
+        Warning::NoEndChunk.to_string(),
+        "recording did not finish (no end chunk)"
+    );
     let scan = r.scan();
     assert!(scan.end.is_none() && scan.error.is_none());
     assert!(scan.warnings.contains(&Warning::NoEndChunk));
@@ -421,35 +546,93 @@ fn missing_end_is_a_warning_not_an_error() {
 #[test]
 fn chunk_size_past_eof() {
     let (mut b, off) = unfinished();
-    b.extend(raw_chunk(CHUNK_DATA, 0, &delta_bytes(&sample(0, 9)), 1, Some(1 << 40)));
+    b.extend(raw_chunk(
+        CHUNK_DATA,
+        0,
+        &delta_bytes(&sample(0, 9)),
+        1,
+        Some(1 << 40),
+    ));
     let w = walk(&read(&b).unwrap());
     assert_eq!(w.records.len(), 6, "intact chunks still decode");
     let e = w.error.unwrap();
-    assert!(matches!(e, CaptureError::BadChunk { problem: ChunkProblem::PastEof { size, .. }, .. } if size == 1 << 40), "{e}");
+    assert!(
+        matches!(e, CaptureError::BadChunk { problem: ChunkProblem::PastEof { size, .. }, .. } if size == 1 << 40),
+        "{e}"
+    );
     assert_eq!(e.offset(), Some(off as u64));
-    assert!(e.to_string().contains(&format!("offset {off}")) && e.to_string().contains("test.data"), "{e}");
+    assert!(
+        e.to_string().contains(&format!("offset {off}")) && e.to_string().contains("test.data"),
+        "{e}"
+    );
 }
 
 #[test]
 fn bad_chunk_magic_crc_size() {
     let payload = delta_bytes(&sample(0, 9));
-    let cases: Vec<(Vec<u8>, fn(&ChunkProblem) -> bool)> = vec![
-        ({ let mut c = raw_chunk(CHUNK_DATA, 0, &payload, 1, None); c[0] = b'X'; c }, |p| matches!(p, ChunkProblem::BadMagic { .. })),
-        ({ let mut c = raw_chunk(CHUNK_DATA, 0, &payload, 1, None); c[45] ^= 1; c }, |p| matches!(p, ChunkProblem::Crc { .. })),
-        (raw_chunk(CHUNK_DATA, 0, &payload, 1, Some(payload.len() as u64 - 4)), |p| matches!(p, ChunkProblem::Misaligned { .. })),
-        (raw_chunk(CHUNK_STATS, u32::MAX, &[0u8; 40], 0, None), |p| matches!(p, ChunkProblem::Stats { .. })),
-        (raw_chunk(CHUNK_END, u32::MAX, &[0u8; 16], 0, None), |p| matches!(p, ChunkProblem::End { .. })),
-        (raw_chunk(CHUNK_DATA, 0, &payload, 2, None), |p| matches!(p, ChunkProblem::RecordCount { declared: 2, found: 1 })),
-        ({ let mut c = raw_chunk(CHUNK_DATA, 0, &payload, 1, None); c[12] = 1; c }, |p| matches!(p, ChunkProblem::Reserved { .. })),
-        (raw_chunk(CHUNK_DATA, 0, &payload, 1, None)[..20].to_vec(), |p| matches!(p, ChunkProblem::Truncated { need: 40, have: 20 })),
+    type Check = fn(&ChunkProblem) -> bool;
+    let cases: Vec<(Vec<u8>, Check)> = vec![
+        (
+            {
+                let mut c = raw_chunk(CHUNK_DATA, 0, &payload, 1, None);
+                c[0] = b'X';
+                c
+            },
+            |p| matches!(p, ChunkProblem::BadMagic { .. }),
+        ),
+        (
+            {
+                let mut c = raw_chunk(CHUNK_DATA, 0, &payload, 1, None);
+                c[45] ^= 1;
+                c
+            },
+            |p| matches!(p, ChunkProblem::Crc { .. }),
+        ),
+        (
+            raw_chunk(CHUNK_DATA, 0, &payload, 1, Some(payload.len() as u64 - 4)),
+            |p| matches!(p, ChunkProblem::Misaligned { .. }),
+        ),
+        (raw_chunk(CHUNK_STATS, u32::MAX, &[0u8; 40], 0, None), |p| {
+            matches!(p, ChunkProblem::Stats { .. })
+        }),
+        (raw_chunk(CHUNK_END, u32::MAX, &[0u8; 16], 0, None), |p| {
+            matches!(p, ChunkProblem::End { .. })
+        }),
+        (raw_chunk(CHUNK_DATA, 0, &payload, 2, None), |p| {
+            matches!(
+                p,
+                ChunkProblem::RecordCount {
+                    declared: 2,
+                    found: 1
+                }
+            )
+        }),
+        (
+            {
+                let mut c = raw_chunk(CHUNK_DATA, 0, &payload, 1, None);
+                c[12] = 1;
+                c
+            },
+            |p| matches!(p, ChunkProblem::Reserved { .. }),
+        ),
+        (
+            raw_chunk(CHUNK_DATA, 0, &payload, 1, None)[..20].to_vec(),
+            |p| matches!(p, ChunkProblem::Truncated { need: 40, have: 20 }),
+        ),
     ];
     for (i, (chunk, want)) in cases.into_iter().enumerate() {
         let (mut b, off) = unfinished();
         b.extend(chunk);
         let w = walk(&read(&b).unwrap());
-        assert_eq!(w.records.len(), 6 + (i == 5) as usize, "case {i}: intact chunks still decode");
+        assert_eq!(
+            w.records.len(),
+            6 + (i == 5) as usize,
+            "case {i}: intact chunks still decode"
+        );
         match w.error {
-            Some(CaptureError::BadChunk { offset, problem, .. }) => {
+            Some(CaptureError::BadChunk {
+                offset, problem, ..
+            }) => {
                 assert_eq!(offset, off as u64, "case {i}");
                 assert!(want(&problem), "case {i}: {problem}");
             }
@@ -466,7 +649,13 @@ fn bad_record_sizes() {
         (4, RecordProblem::TooSmall { size: 4 }),
         (12, RecordProblem::Misaligned { size: 12 }),
         (63, RecordProblem::Misaligned { size: 63 }),
-        (4096, RecordProblem::PastChunk { size: 4096, remaining: 64 }),
+        (
+            4096,
+            RecordProblem::PastChunk {
+                size: 4096,
+                remaining: 64,
+            },
+        ),
     ] {
         let (mut b, off) = unfinished();
         // A good record, then the bad one (a copy of the good with its size changed).
@@ -476,11 +665,20 @@ fn bad_record_sizes() {
         payload.extend(bad);
         b.extend(raw_chunk(CHUNK_DATA, 0, &payload, 2, None));
         let w = walk(&read(&b).unwrap());
-        assert_eq!(w.records.len(), 7, "size {size}: the intact chunks and the good record decode");
+        assert_eq!(
+            w.records.len(),
+            7,
+            "size {size}: the intact chunks and the good record decode"
+        );
         let e = w.error.unwrap();
         let rec_off = (off + 40 + 64) as u64;
         match &e {
-            CaptureError::BadRecord { offset, chunk, problem, .. } => {
+            CaptureError::BadRecord {
+                offset,
+                chunk,
+                problem,
+                ..
+            } => {
                 assert_eq!((*offset, *chunk, *problem), (rec_off, off as u64, want));
             }
             other => panic!("size {size}: {other}"),
@@ -493,7 +691,13 @@ fn bad_record_sizes() {
     lost[6..8].copy_from_slice(&8u16.to_ne_bytes());
     b.extend(raw_chunk(CHUNK_DATA, 0, &lost, 1, None));
     let scan = read(&b).unwrap().scan();
-    assert!(matches!(scan.error, Some(CaptureError::BadRecord { problem: RecordProblem::Lost { size: 8 }, .. })));
+    assert!(matches!(
+        scan.error,
+        Some(CaptureError::BadRecord {
+            problem: RecordProblem::Lost { size: 8 },
+            ..
+        })
+    ));
     const _: () = assert!(size_of::<RecordHeader>() == 8);
 }
 
@@ -501,7 +705,9 @@ fn bad_record_sizes() {
 fn records_over_a_plain_buffer() {
     let (mut a, _) = samples(0, 0, 3);
     a.extend(pad_bytes(24));
-    let recs: Vec<_> = hrperf::capture::Records::over(&a).collect::<Result<_, _>>().unwrap();
+    let recs: Vec<_> = hrperf::capture::Records::over(&a)
+        .collect::<Result<_, _>>()
+        .unwrap();
     assert_eq!(recs.len(), 3);
     assert_eq!(recs[1].offset, 64);
     assert_eq!(recs[2].kind(), RecordType::DELTA);
@@ -518,9 +724,15 @@ fn scan_aggregates_per_cpu() {
     assert_eq!(scan.chunks, 5);
     assert_eq!(scan.cpus.len(), 2);
     let c0 = &scan.cpus[0];
-    assert_eq!((c0.cpu, c0.chunks, c0.records, c0.lost, c0.drops()), (0, 2, 7, 0, 0));
+    assert_eq!(
+        (c0.cpu, c0.chunks, c0.records, c0.lost, c0.drops()),
+        (0, 2, 7, 0, 0)
+    );
     let c1 = &scan.cpus[1];
-    assert_eq!((c1.cpu, c1.chunks, c1.records, c1.lost_records, c1.lost), (1, 1, 4, 1, 5));
+    assert_eq!(
+        (c1.cpu, c1.chunks, c1.records, c1.lost_records, c1.lost),
+        (1, 1, 4, 1, 5)
+    );
     // The recorder's count (6) is larger than the in-band LOST count (5).
     assert_eq!(c1.drops(), 6);
     assert_eq!((c1.overflows(), c1.masked(), c1.multi_wraps()), (11, 1, 2));
@@ -552,6 +764,12 @@ fn data_after_end_and_unknown_chunks_warn() {
     b.extend(raw_chunk(0x99, 0, &[0u8; 8], 0, None));
     let w = walk(&read(&b).unwrap());
     assert!(w.error.is_none());
-    assert!(w.warnings.iter().any(|w| matches!(w, Warning::UnknownChunk { kind: 0x99, .. })));
-    assert!(w.warnings.iter().any(|w| matches!(w, Warning::DataAfterEnd { .. })));
+    assert!(w
+        .warnings
+        .iter()
+        .any(|w| matches!(w, Warning::UnknownChunk { kind: 0x99, .. })));
+    assert!(w
+        .warnings
+        .iter()
+        .any(|w| matches!(w, Warning::DataAfterEnd { .. })));
 }

@@ -19,7 +19,13 @@ fn reader(bytes: Vec<u8>) -> Reader {
     Reader::from_bytes("test.data", bytes).unwrap()
 }
 
-fn json_lines(bytes: Vec<u8>, plugin: &Plugin) -> (Vec<J>, Result<hrperf::decode::DecodeSummary, DecodeCaptureError>) {
+fn json_lines(
+    bytes: Vec<u8>,
+    plugin: &Plugin,
+) -> (
+    Vec<J>,
+    Result<hrperf::decode::DecodeSummary, DecodeCaptureError>,
+) {
     let r = reader(bytes);
     let mut out = Vec::new();
     let res = decode_capture(&r, plugin, &mut JsonSink::new(&mut out));
@@ -36,7 +42,10 @@ fn json_lines_have_stable_fields() {
     let p = delta();
     let (lines, res) = json_lines(small_capture(), &p);
     let s = res.unwrap();
-    assert_eq!((s.records, s.lost_records, s.lost, s.unknown, s.malformed), (10, 1, 5, 1, 0));
+    assert_eq!(
+        (s.records, s.lost_records, s.lost, s.unknown, s.malformed),
+        (10, 1, 5, 1, 0)
+    );
     assert_eq!(s.unknown_types.get(&0x1_2345), Some(&1));
     assert!(s.warnings.is_empty() && s.end.is_some());
     assert_eq!(lines.len(), 11);
@@ -86,7 +95,10 @@ fn csv_has_one_column_per_counter() {
         "kind,cpu,time_ns,pid,tid,trigger,ip,ovfl_counter,multi_wrap,cpu-clock,page-faults,sim-instructions,lost"
     );
     assert_eq!(lines.len(), 12);
-    assert_eq!(lines[1], "delta,0,1000,100,200,overflow,0x401000,0,0,1000000,0,3000000,");
+    assert_eq!(
+        lines[1],
+        "delta,0,1000,100,200,overflow,0x401000,0,0,1000000,0,3000000,"
+    );
     assert_eq!(lines[2], "delta,0,2000,100,200,poll,,,0,1000001,1,3000007,");
     assert_eq!(lines[8], "lost,1,,,,,,,,,,,5");
     for l in &lines {
@@ -169,7 +181,10 @@ fn wrong_plugin_is_refused() {
     let mut m = meta();
     m.format_uuid = hrperf_abi::Uuid([7; 16]);
     m.format_name = "pebs".into();
-    let bytes = Writer::new(Vec::new(), &m).unwrap().finish(end_info(0, 0)).unwrap();
+    let bytes = Writer::new(Vec::new(), &m)
+        .unwrap()
+        .finish(end_info(0, 0))
+        .unwrap();
     let p = delta();
     let e = decode_capture(&reader(bytes), &p, &mut JsonSink::new(Vec::new())).unwrap_err();
     assert!(matches!(e, DecodeCaptureError::WrongPlugin { .. }), "{e}");
@@ -177,14 +192,20 @@ fn wrong_plugin_is_refused() {
 
     let mut m = meta();
     m.format_version = 2 << 16;
-    let bytes = Writer::new(Vec::new(), &m).unwrap().finish(end_info(0, 0)).unwrap();
+    let bytes = Writer::new(Vec::new(), &m)
+        .unwrap()
+        .finish(end_info(0, 0))
+        .unwrap();
     let e = decode_capture(&reader(bytes), &p, &mut JsonSink::new(Vec::new())).unwrap_err();
     assert!(matches!(e, DecodeCaptureError::FormatTooNew { .. }), "{e}");
     assert!(e.to_string().contains("2.0"), "{e}");
 
     let mut m = meta();
     m.format_version = (1 << 16) | 3;
-    let bytes = Writer::new(Vec::new(), &m).unwrap().finish(end_info(0, 0)).unwrap();
+    let bytes = Writer::new(Vec::new(), &m)
+        .unwrap()
+        .finish(end_info(0, 0))
+        .unwrap();
     let s = decode_capture(&reader(bytes), &p, &mut JsonSink::new(Vec::new())).unwrap();
     assert_eq!(s.notes.len(), 1);
 }
@@ -217,7 +238,11 @@ fn schema_names_repeated_events_uniquely() {
     let s = Schema::new(&["cycles".into(), "cycles".into(), "pid".into()], &kinds);
     assert_eq!(s.events, ["cycles", "cycles#2", "pid"]);
     // An event named like a field gets the field's prefix in CSV.
-    assert!(s.columns.contains(&"counters.pid".to_owned()), "{:?}", s.columns);
+    assert!(
+        s.columns.contains(&"counters.pid".to_owned()),
+        "{:?}",
+        s.columns
+    );
     assert_eq!(s.kinds.last().unwrap().name, "lost");
 }
 
@@ -236,7 +261,15 @@ fn make_sink_and_info() {
     let mut info = Vec::new();
     write_info(&r, &r.scan(), &mut info).unwrap();
     let info = String::from_utf8(info).unwrap();
-    for want in ["format:        delta 1.0", "source:        sim", "cpu-clock (software 0x0)", "sim-instructions (sim 0x1)", "command:       ./app --iterations 3", "dropped:       6", "finished:      at 99000 ns"] {
+    for want in [
+        "format:        delta 1.0",
+        "source:        sim",
+        "cpu-clock (software 0x0)",
+        "sim-instructions (sim 0x1)",
+        "command:       ./app --iterations 3",
+        "dropped:       6",
+        "finished:      at 99000 ns",
+    ] {
         assert!(info.contains(want), "missing {want:?} in\n{info}");
     }
 }

@@ -28,8 +28,12 @@ fn loads_the_delta_plugin() {
     assert!(!p.description().is_empty());
     assert_eq!(p.kinds().len(), 1);
     let k = &p.kinds()[0];
-    assert_eq!((k.name.as_str(), k.record_type), ("delta", RecordType::DELTA));
-    let fields: Vec<(&str, FieldKind)> = k.fields.iter().map(|f| (f.name.as_str(), f.kind)).collect();
+    assert_eq!(
+        (k.name.as_str(), k.record_type),
+        ("delta", RecordType::DELTA)
+    );
+    let fields: Vec<(&str, FieldKind)> =
+        k.fields.iter().map(|f| (f.name.as_str(), f.kind)).collect();
     assert_eq!(
         fields,
         [
@@ -79,7 +83,10 @@ fn decodes_through_the_shared_object() {
     assert_eq!(d.value(99), Value::Absent);
     // Instructed.
     let rec = delta_bytes(&sample(1, 5));
-    assert_eq!(p.decode(&ctx, &rec, &mut scratch).unwrap().value(4), Value::Str("instructed"));
+    assert_eq!(
+        p.decode(&ctx, &rec, &mut scratch).unwrap().value(4),
+        Value::Str("instructed")
+    );
 }
 
 #[test]
@@ -89,12 +96,22 @@ fn garbage_gives_errors_through_the_shared_object() {
     let mut scratch = DecodeScratch::new();
     let rec = delta_bytes(&sample(0, 0));
     for n in 0..rec.len() {
-        assert_eq!(p.decode(&ctx, &rec[..n], &mut scratch).unwrap_err(), DecodeError::Truncated, "length {n}");
+        assert_eq!(
+            p.decode(&ctx, &rec[..n], &mut scratch).unwrap_err(),
+            DecodeError::Truncated,
+            "length {n}"
+        );
     }
-    assert_eq!(p.decode(&ctx, &lost_bytes(1), &mut scratch).unwrap_err(), DecodeError::Unknown);
+    assert_eq!(
+        p.decode(&ctx, &lost_bytes(1), &mut scratch).unwrap_err(),
+        DecodeError::Unknown
+    );
     let mut bad = rec.clone();
     bad[20] = 200;
-    assert_eq!(p.decode(&ctx, &bad, &mut scratch).unwrap_err(), DecodeError::Malformed);
+    assert_eq!(
+        p.decode(&ctx, &bad, &mut scratch).unwrap_err(),
+        DecodeError::Malformed
+    );
     // Noise: any result but a panic or a bad value.
     let mut x = 0x1234_5678_9abc_def0u64;
     for _ in 0..20_000 {
@@ -121,9 +138,15 @@ fn discovery_and_lookup() {
     let (plugins, errors) =
         PluginHost::discover_in(&[missing, dir.path().to_owned(), other.path().to_owned()]);
     assert_eq!(plugins.len(), 1);
-    assert_eq!(plugins[0].path(), dir.path().join("libhrperf_decode_delta.so"));
+    assert_eq!(
+        plugins[0].path(),
+        dir.path().join("libhrperf_decode_delta.so")
+    );
     // The second copy is reported as shadowed, not loaded.
-    assert!(matches!(&errors[..], [PluginLoadError::Duplicate { .. }]), "{errors:?}");
+    assert!(
+        matches!(&errors[..], [PluginLoadError::Duplicate { .. }]),
+        "{errors:?}"
+    );
     assert!(PluginHost::find(&plugins, "delta").is_some());
     let uuid = hrperf_fmt_delta::DELTA_UUID.to_string();
     assert!(PluginHost::find(&plugins, &uuid).is_some());
@@ -135,10 +158,17 @@ fn discovery_and_lookup() {
 #[test]
 fn search_dirs_follow_the_documented_order() {
     let dirs = PluginHost::search_dirs();
-    let exe_dir = std::env::current_exe().unwrap().parent().unwrap().to_owned();
+    let exe_dir = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_owned();
     assert_eq!(dirs[0], exe_dir);
     assert!(dirs.contains(&exe_dir.join("../lib/hrperf/plugins")));
-    assert_eq!(dirs.last().unwrap(), Path::new(hrperf::plugin::SYSTEM_PLUGIN_DIR));
+    assert_eq!(
+        dirs.last().unwrap(),
+        Path::new(hrperf::plugin::SYSTEM_PLUGIN_DIR)
+    );
 }
 
 /// Compiles `src` into `dir/name` as a shared object.
@@ -152,7 +182,11 @@ fn compile(dir: &Path, name: &str, src: &str) -> PathBuf {
         .arg(&c)
         .output()
         .expect("running cc (a C compiler is needed for the broken-plugin tests)");
-    assert!(out.status.success(), "cc failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     so
 }
 
@@ -189,38 +223,77 @@ fn wrong_abi_version_is_refused_naming_both_versions() {
     let so = compile(
         dir.path(),
         "libhrperf_decode_future.so",
-        &c_plugin(99, "sizeof(struct decl)", "\"future\"", 1, "(void *)my_decode"),
+        &c_plugin(
+            99,
+            "sizeof(struct decl)",
+            "\"future\"",
+            1,
+            "(void *)my_decode",
+        ),
     );
     let e = Plugin::load(&so).unwrap_err();
-    assert!(matches!(e, PluginLoadError::AbiVersion { found: 99, supported: PLUGIN_ABI_VERSION, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            PluginLoadError::AbiVersion {
+                found: 99,
+                supported: PLUGIN_ABI_VERSION,
+                ..
+            }
+        ),
+        "{e}"
+    );
     let msg = e.to_string();
     assert!(msg.contains(&so.display().to_string()), "{msg}");
-    assert!(msg.contains("version 99") && msg.contains(&format!("version {PLUGIN_ABI_VERSION}")), "{msg}");
+    assert!(
+        msg.contains("version 99") && msg.contains(&format!("version {PLUGIN_ABI_VERSION}")),
+        "{msg}"
+    );
     // Discovery reports it and loads nothing from it.
     let (plugins, errors) = PluginHost::discover_in(&[dir.path().to_owned()]);
     assert!(plugins.is_empty());
-    assert!(matches!(&errors[..], [PluginLoadError::AbiVersion { .. }]), "{errors:?}");
+    assert!(
+        matches!(&errors[..], [PluginLoadError::AbiVersion { .. }]),
+        "{errors:?}"
+    );
 }
 
 #[test]
 fn broken_declarations_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&str, String, fn(&PluginLoadError) -> bool); 5] = [
-        ("small", c_plugin(1, "8", "\"small\"", 1, "(void *)my_decode"), |e| {
-            matches!(e, PluginLoadError::DeclSize { found: 8, .. })
-        }),
-        ("nullname", c_plugin(1, "sizeof(struct decl)", "NULL", 1, "(void *)my_decode"), |e| {
-            matches!(e, PluginLoadError::Invalid { problem, .. } if problem.contains("name"))
-        }),
-        ("badkind", c_plugin(1, "sizeof(struct decl)", "\"badkind\"", 42, "(void *)my_decode"), |e| {
-            matches!(e, PluginLoadError::Invalid { problem, .. } if problem.contains("kind 42"))
-        }),
-        ("nodecode", c_plugin(1, "sizeof(struct decl)", "\"nodecode\"", 1, "NULL"), |e| {
-            matches!(e, PluginLoadError::Invalid { problem, .. } if problem.contains("decode"))
-        }),
-        ("noentry", "int not_a_plugin(void) { return 0; }".to_owned(), |e| {
-            matches!(e, PluginLoadError::NoEntry { .. })
-        }),
+    type Check = fn(&PluginLoadError) -> bool;
+    let cases: [(&str, String, Check); 5] = [
+        (
+            "small",
+            c_plugin(1, "8", "\"small\"", 1, "(void *)my_decode"),
+            |e| matches!(e, PluginLoadError::DeclSize { found: 8, .. }),
+        ),
+        (
+            "nullname",
+            c_plugin(1, "sizeof(struct decl)", "NULL", 1, "(void *)my_decode"),
+            |e| matches!(e, PluginLoadError::Invalid { problem, .. } if problem.contains("name")),
+        ),
+        (
+            "badkind",
+            c_plugin(
+                1,
+                "sizeof(struct decl)",
+                "\"badkind\"",
+                42,
+                "(void *)my_decode",
+            ),
+            |e| matches!(e, PluginLoadError::Invalid { problem, .. } if problem.contains("kind 42")),
+        ),
+        (
+            "nodecode",
+            c_plugin(1, "sizeof(struct decl)", "\"nodecode\"", 1, "NULL"),
+            |e| matches!(e, PluginLoadError::Invalid { problem, .. } if problem.contains("decode")),
+        ),
+        (
+            "noentry",
+            "int not_a_plugin(void) { return 0; }".to_owned(),
+            |e| matches!(e, PluginLoadError::NoEntry { .. }),
+        ),
     ];
     for (name, src, want) in cases {
         let so = compile(dir.path(), &format!("libhrperf_decode_{name}.so"), &src);
@@ -236,11 +309,18 @@ fn broken_declarations_are_refused() {
     let p = Plugin::load(&so).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(p.kinds()[0].record_type, RecordType(0x10000));
     let ctx = decode_ctx(&meta(), 0);
-    assert_eq!(p.decode(&ctx, &[0u8; 8], &mut DecodeScratch::new()).unwrap_err(), DecodeError::Malformed);
+    assert_eq!(
+        p.decode(&ctx, &[0u8; 8], &mut DecodeScratch::new())
+            .unwrap_err(),
+        DecodeError::Malformed
+    );
     // And a file that is no shared object at all.
     let junk = dir.path().join("libhrperf_decode_junk.so");
     std::fs::write(&junk, b"not an ELF file").unwrap();
-    assert!(matches!(Plugin::load(&junk).unwrap_err(), PluginLoadError::Load { .. }));
+    assert!(matches!(
+        Plugin::load(&junk).unwrap_err(),
+        PluginLoadError::Load { .. }
+    ));
 }
 
 #[test]

@@ -128,9 +128,17 @@ abi_struct! {
         pub last_reset: u64,
         /// 64-bit virtualised counter values, `nr_counters` of them.
         pub values: [u64; MAX_COUNTERS],
+        /// `OVFL_FL_*` bits.
+        pub flags: u32,
+        /// Reserved, zero.
+        pub reserved: u32,
     }
 }
-const _: () = assert!(core::mem::size_of::<OverflowArg>() == 128);
+const _: () = assert!(core::mem::size_of::<OverflowArg>() == 136);
+
+/// [`OverflowArg::flags`]: `ip` is a kernel address (the interrupted context was the
+/// kernel), as the source knows it — never guessed from the address.
+pub const OVFL_FL_KERNEL_IP: u32 = 1 << 0;
 
 /// Services table the core offers to formats (`Services::ctx` is the core's).
 pub type KernelStackFn = unsafe extern "C" fn(ctx: *mut c_void, out: *mut u64, max: u32) -> u32;

@@ -133,15 +133,23 @@ impl VirtualCounter {
             self.start(raw, time_ns);
             return Update::default();
         }
+        let elapsed = time_ns.saturating_sub(self.last_time);
+        self.last_time = time_ns;
+        self.update_after(raw, elapsed)
+    }
+
+    /// Folds in `raw`, read `elapsed_ns` after the previous reading, for a started
+    /// counter whose time the caller keeps (a CPU session reads all its counters at
+    /// once); the counter's own last time is then left stale.
+    #[inline]
+    pub(crate) fn update_after(&mut self, raw: u64, elapsed_ns: u64) -> Update {
         let raw = raw & self.mask;
         let delta = raw.wrapping_sub(self.last_raw) & self.mask;
-        let elapsed = time_ns.saturating_sub(self.last_time);
         // Fast path: most intervals are far too short for a hidden wrap.
-        let multi_wrap =
-            elapsed >= self.safe_ns && could_hide_wrap(self.width, self.max_rate, elapsed, delta);
+        let multi_wrap = elapsed_ns >= self.safe_ns
+            && could_hide_wrap(self.width, self.max_rate, elapsed_ns, delta);
         self.value = self.value.wrapping_add(delta);
         self.last_raw = raw;
-        self.last_time = time_ns;
         Update { value: self.value, delta, multi_wrap }
     }
 }

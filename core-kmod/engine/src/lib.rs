@@ -88,5 +88,5 @@ pub use error::EngineError;
 pub use format::Format;
 pub use poll::{PollSchedule, Tick};
 pub use registry::{Registry, Selector};
-pub use ring::{Buffer, RingLayout, RingReader, RingWriter};
+pub use ring::{Buffer, ReadStats, RingLayout, RingReader, RingWriter, WriteError};
 pub use session::{CounterConfig, CpuSession, CpuState, Sample, Session};

@@ -64,7 +64,8 @@ impl PollSchedule {
         if now_ns < self.next {
             return Tick::default();
         }
-        let missed = (now_ns - self.next) / self.interval;
+        // `interval >= 1` always; checked_div only keeps a panic path out of the kernel.
+        let missed = (now_ns - self.next).checked_div(self.interval).unwrap_or(0);
         let steps = missed.saturating_add(1);
         self.next = self.next.saturating_add(steps.saturating_mul(self.interval));
         self.ticks = self.ticks.saturating_add(1);

@@ -316,6 +316,7 @@ impl RingLayout {
 #[derive(Clone, Copy, Debug)]
 struct Ring {
     data: NonNull<u8>,
+    offset: u64,
     size: u64,
     mask: u64,
 }
@@ -334,7 +335,7 @@ impl Ring {
         }
         // SAFETY: `off + size <= len` (checked), so the offset is in bounds.
         let data = unsafe { buf.ptr.add(off as usize) };
-        Ok(Ring { data, size, mask: size - 1 })
+        Ok(Ring { data, offset: off, size, mask: size - 1 })
     }
 
     /// Pointer to the byte at monotonic position `pos`.
@@ -407,6 +408,22 @@ impl<'b, 'a> RingWriter<'b, 'a> {
     /// Drops not yet reported by a LOST record.
     pub fn pending_lost(&self) -> u64 {
         self.buf.load(CTRL_LOST, Ordering::Relaxed)
+    }
+
+    /// `N` u64s of the format's private area at `offset` (in
+    /// `PRIVATE_OFFSET..data_offset`, 8-aligned), like [`Buffer::private_mut`] but
+    /// against the layout this writer already validated, and as an array so that
+    /// constant indices need no bounds checks.
+    #[inline]
+    pub fn private_mut<const N: usize>(&mut self, offset: usize) -> Option<&mut [u64; N]> {
+        let end = N.checked_mul(8).and_then(|b| b.checked_add(offset))?;
+        if offset < PRIVATE_OFFSET || offset % 8 != 0 || end as u64 > self.ring.offset {
+            return None;
+        }
+        // SAFETY: 8-aligned, after the ring control block and before the data area,
+        // which lies inside the buffer (validated in `Ring::new`): producer-only bytes,
+        // borrowed through `&mut self`.
+        Some(unsafe { &mut *self.buf.ptr.as_ptr().add(offset).cast::<[u64; N]>() })
     }
 
     /// Writes a record of `size` bytes (header included): the header `{kind, misc,
@@ -781,6 +798,21 @@ mod tests {
         assert!(buf.private_mut(248, 2).is_none(), "overlaps the data area");
         assert!(buf.private_mut(l.buf_size as usize, 1).is_none(), "past the end");
         assert!(buf.private_mut(PRIVATE_OFFSET, usize::MAX).is_none(), "overflow");
+    }
+
+    #[test]
+    fn writer_private_area() {
+        let l = RingLayout::new(16, 64).unwrap();
+        let mut w = words_for(&l);
+        let mut buf = setup(&mut w, &l);
+        let mut wr = RingWriter::new(&mut buf).unwrap();
+        wr.private_mut::<2>(PRIVATE_OFFSET).unwrap()[1] = 7;
+        assert_eq!(wr.private_mut::<1>(PRIVATE_OFFSET + 8).unwrap(), &[7]);
+        assert!(wr.private_mut::<1>(RING_CTRL_OFFSET).is_none(), "ring control");
+        assert!(wr.private_mut::<1>(PRIVATE_OFFSET + 4).is_none(), "unaligned");
+        assert!(wr.private_mut::<9>(PRIVATE_OFFSET).is_none(), "into the data area");
+        assert!(wr.private_mut::<1>(usize::MAX - 4).is_none(), "overflow");
+        assert_eq!(wr.private_mut::<8>(PRIVATE_OFFSET).unwrap().len(), 8);
     }
 
     #[test]

@@ -31,13 +31,11 @@ use core::ptr::NonNull;
 
 use hrperf_abi::errno::{E2BIG, EFAULT, EINVAL};
 use hrperf_abi::format::{
-    FormatOps, OverflowArg, Services, SessionParams, Uuid, CTRL_NOTIFY, CTRL_RESET,
-    FMT_FL_RING, FORMAT_ABI_VERSION, MODE_INSTRUCTED, MODE_OVERFLOW, MODE_POLL,
+    FormatOps, OverflowArg, Services, SessionParams, Uuid, CTRL_NOTIFY, CTRL_RESET, FMT_FL_RING,
+    FORMAT_ABI_VERSION, MODE_INSTRUCTED, MODE_OVERFLOW, MODE_POLL, OVFL_FL_KERNEL_IP,
     SAMPLE_INSTRUCTED, SAMPLE_OVERFLOW, SAMPLE_POLL,
 };
-use hrperf_abi::record::{
-    MISC_INSTRUCTED, MISC_KERNEL, MISC_MULTI_WRAP, MISC_OVERFLOW, MISC_POLL,
-};
+use hrperf_abi::record::{MISC_INSTRUCTED, MISC_KERNEL, MISC_MULTI_WRAP, MISC_OVERFLOW, MISC_POLL};
 use hrperf_abi::{RecordType, MAX_COUNTERS};
 use hrperf_engine::ring::PRIVATE_OFFSET;
 use hrperf_engine::{Buffer, RingLayout, RingWriter};
@@ -46,8 +44,7 @@ use record::{DeltaSample, NO_OVERFLOW_COUNTER};
 
 /// The delta format's UUID.
 pub const DELTA_UUID: Uuid = Uuid([
-    0x5a, 0x4e, 0xf3, 0x2d, 0xa1, 0x59, 0x26, 0xa8, 0xbd, 0x1a, 0xe9, 0xad, 0x0c, 0xfd, 0x4d,
-    0xdb,
+    0x5a, 0x4e, 0xf3, 0x2d, 0xa1, 0x59, 0x26, 0xa8, 0xbd, 0x1a, 0xe9, 0xad, 0x0c, 0xfd, 0x4d, 0xdb,
 ]);
 /// The delta format's name.
 pub const DELTA_NAME: &str = "delta";
@@ -124,22 +121,37 @@ pub fn parse_arg(arg: &[u8]) -> Result<DeltaArg, i32> {
         return Ok(DeltaArg::default());
     }
     let (Some(size), Some(flags), Some(data_size)) = (
-        arg.get(0..4).and_then(|b| b.try_into().ok()).map(u32::from_ne_bytes),
-        arg.get(4..8).and_then(|b| b.try_into().ok()).map(u32::from_ne_bytes),
-        arg.get(8..16).and_then(|b| b.try_into().ok()).map(u64::from_ne_bytes),
+        arg.get(0..4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_ne_bytes),
+        arg.get(4..8)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_ne_bytes),
+        arg.get(8..16)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_ne_bytes),
     ) else {
         return Err(EINVAL);
     };
     if size as usize != arg.len() {
         return Err(EINVAL);
     }
-    if arg.get(DELTA_ARG_SIZE..).unwrap_or(&[]).iter().any(|&b| b != 0) {
+    if arg
+        .get(DELTA_ARG_SIZE..)
+        .unwrap_or(&[])
+        .iter()
+        .any(|&b| b != 0)
+    {
         return Err(E2BIG);
     }
     if flags != 0 {
         return Err(EINVAL);
     }
-    Ok(DeltaArg { size, flags, data_size })
+    Ok(DeltaArg {
+        size,
+        flags,
+        data_size,
+    })
 }
 
 /// Checks the session for this format; `Err` holds the positive errno.
@@ -254,7 +266,9 @@ pub unsafe extern "C" fn delta_init(
         Ok(l) => l,
         Err(e) => return neg(e),
     };
-    let Some(ptr) = NonNull::new(buf) else { return neg(EFAULT) };
+    let Some(ptr) = NonNull::new(buf) else {
+        return neg(EFAULT);
+    };
     // SAFETY: the core's buffer, valid and ours for the call (contract).
     let mut b = match unsafe { Buffer::from_raw(ptr, buf_len) } {
         Ok(b) => b,
@@ -314,12 +328,6 @@ pub unsafe extern "C" fn delta_exit(_buf: *mut u8, _buf_len: usize) -> i32 {
     0
 }
 
-/// Whether `ip` is a kernel address. `OverflowArg` carries no kernel flag, so this uses
-/// the x86-64 (and arm64) split: kernel addresses are in the upper half.
-fn is_kernel_ip(ip: u64) -> bool {
-    ip >> 63 == 1
-}
-
 /// Reads one scalar of the `OverflowArg` on its own.
 ///
 /// The core has just stored the fields one by one; a load the compiler merges across
@@ -343,11 +351,16 @@ pub fn handle(buf: &mut Buffer<'_>, arg: &OverflowArg) -> u32 {
     if nr == 0 {
         return ctrl;
     }
-    let Some(private) = buf.private_mut(PRIVATE_OFFSET, PRIVATE_WORDS) else {
+    let Ok(mut ring) = RingWriter::new(buf) else {
+        return ctrl;
+    };
+    let Some(private) = ring.private_mut::<PRIVATE_WORDS>(PRIVATE_OFFSET) else {
         return ctrl;
     };
     let nr_mask = (1u32 << nr) - 1;
     let multi_wrap = (fresh(&arg.multi_wrap) | private[PENDING_MULTI_WRAP] as u32) & nr_mask;
+    let mut last = [0u64; MAX_COUNTERS];
+    last.copy_from_slice(&private[LAST..LAST + MAX_COUNTERS]);
     let mut s = DeltaSample {
         misc: 0,
         cpu: fresh(&arg.cpu),
@@ -358,11 +371,8 @@ pub fn handle(buf: &mut Buffer<'_>, arg: &OverflowArg) -> u32 {
         time_ns: arg.time_ns,
         ip: 0,
         nr: nr as u8,
-        deltas: [0; MAX_COUNTERS],
+        deltas: [0; MAX_COUNTERS], // written straight into the ring below
     };
-    for ((d, v), l) in s.deltas.iter_mut().zip(&arg.values).zip(&private[LAST..]).take(nr) {
-        *d = v.wrapping_sub(*l);
-    }
     s.misc = match kind {
         SAMPLE_OVERFLOW => MISC_OVERFLOW,
         SAMPLE_POLL => MISC_POLL,
@@ -375,7 +385,7 @@ pub fn handle(buf: &mut Buffer<'_>, arg: &OverflowArg) -> u32 {
         if ovfl < nr as u32 {
             s.ovfl_counter = ovfl as u8;
         }
-        if is_kernel_ip(s.ip) {
+        if fresh(&arg.flags) & OVFL_FL_KERNEL_IP != 0 {
             s.misc |= MISC_KERNEL;
         }
     }
@@ -383,21 +393,23 @@ pub fn handle(buf: &mut Buffer<'_>, arg: &OverflowArg) -> u32 {
         s.misc |= MISC_MULTI_WRAP;
     }
 
-    let Ok(mut ring) = RingWriter::new(buf) else { return ctrl };
     let size = record::record_size(nr);
     let written = ring
         .write_with(RecordType::DELTA, s.misc, size, |body| {
-            record::write_body(&s, body);
+            record::write_fixed(&s, body);
+            for (i, l) in last.iter().enumerate().take(nr) {
+                record::put_delta(body, i, arg.values[i].wrapping_sub(*l));
+            }
         })
         .is_ok();
     if ring.used() > ring.data_size() / 2 {
         ctrl |= CTRL_NOTIFY;
     }
-    if let Some(private) = buf.private_mut(PRIVATE_OFFSET, PRIVATE_WORDS) {
+    if let Some(private) = ring.private_mut::<PRIVATE_WORDS>(PRIVATE_OFFSET) {
         if written {
-            for (l, v) in private[LAST..].iter_mut().zip(&arg.values).take(nr) {
-                *l = *v;
-            }
+            // All 8 words: a fixed-size copy is a few vector moves, a copy of `nr` words a
+            // memcpy call. Words past `nr` are never used.
+            private[LAST..LAST + MAX_COUNTERS].copy_from_slice(&arg.values);
             private[PENDING_MULTI_WRAP] = 0;
         } else {
             private[PENDING_MULTI_WRAP] = multi_wrap as u64;

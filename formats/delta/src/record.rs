@@ -142,9 +142,22 @@ pub fn write(s: &DeltaSample, out: &mut [u8]) -> Option<usize> {
 /// `record_size(s.nr) - 8` bytes), for writers whose ring writes the header itself.
 /// Returns the record size, or `None` if `body` is too small or `s.nr` is invalid.
 pub fn write_body(s: &DeltaSample, body: &mut [u8]) -> Option<usize> {
-    let nr = valid_nr(s)?;
-    let size = record_size(nr);
-    let out = body.get_mut(..size - 8)?;
+    let size = write_fixed(s, body)?;
+    for (i, d) in s.deltas.iter().enumerate().take(s.nr as usize) {
+        put_delta(body, i, *d);
+    }
+    Some(size)
+}
+
+/// Writes the fixed fields of `s` (all but the header and the deltas) into `body`, as
+/// [`write_body`] does; the deltas follow with [`put_delta`].
+pub fn write_fixed(s: &DeltaSample, body: &mut [u8]) -> Option<usize> {
+    let size = record_size(valid_nr(s)?);
+    if body.len() < size - 8 {
+        return None;
+    }
+    // A fixed-size array: the constant offsets below need no bounds checks.
+    let out: &mut [u8; FIXED_SIZE - 8] = body.get_mut(..FIXED_SIZE - 8)?.try_into().ok()?;
     out[0..4].copy_from_slice(&s.cpu.to_ne_bytes());
     out[4..8].copy_from_slice(&s.pid.to_ne_bytes());
     out[8..12].copy_from_slice(&s.tid.to_ne_bytes());
@@ -154,15 +167,22 @@ pub fn write_body(s: &DeltaSample, body: &mut [u8]) -> Option<usize> {
     out[15] = 0;
     out[16..24].copy_from_slice(&s.time_ns.to_ne_bytes());
     out[24..32].copy_from_slice(&s.ip.to_ne_bytes());
-    // One 8-byte store per counter: a bulk copy of a variable length becomes a memcpy
-    // call, which costs more than the copy at these sizes.
-    for (i, d) in s.deltas.iter().enumerate().take(nr) {
-        let off = FIXED_SIZE - 8 + 8 * i;
-        if let Some(c) = out.get_mut(off..off + 8) {
-            c.copy_from_slice(&d.to_ne_bytes());
-        }
-    }
     Some(size)
+}
+
+/// Writes delta `i` into a record `body` (the bytes after the header); false if it does
+/// not fit. One 8-byte store: a bulk copy of a variable length would become a memcpy
+/// call, which costs more than the copy at these sizes.
+#[inline]
+pub fn put_delta(body: &mut [u8], i: usize, delta: u64) -> bool {
+    let off = FIXED_SIZE - 8 + 8 * i;
+    match body.get_mut(off..off + 8) {
+        Some(c) => {
+            c.copy_from_slice(&delta.to_ne_bytes());
+            true
+        }
+        None => false,
+    }
 }
 
 fn valid_nr(s: &DeltaSample) -> Option<usize> {

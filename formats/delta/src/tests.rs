@@ -14,8 +14,7 @@ use hrperf_abi::record::{
 };
 use hrperf_abi::{RecordType, Services, SessionParams, MAX_COUNTERS};
 use hrperf_engine::{
-    Buffer, CounterConfig, CpuSession, EngineError, Registry, RingReader, Sample, Selector,
-    Session,
+    Buffer, CounterConfig, CpuSession, EngineError, Registry, RingReader, Sample, Selector, Session,
 };
 
 use super::record::{self, DeltaSample, NO_OVERFLOW_COUNTER};
@@ -100,15 +99,30 @@ fn poll(t: u64, raw: &[u64]) -> Sample {
     s
 }
 
-const W40: CounterConfig = CounterConfig { width: 40, max_rate_per_sec: 0 };
+const W40: CounterConfig = CounterConfig {
+    width: 40,
+    max_rate_per_sec: 0,
+};
 
 #[test]
 fn deltas_exact_across_40_bit_wraps() {
     let top = 1u64 << 40;
-    let cfg = [W40, W40, CounterConfig { width: 48, max_rate_per_sec: 0 }];
+    let cfg = [
+        W40,
+        W40,
+        CounterConfig {
+            width: 48,
+            max_rate_per_sec: 0,
+        },
+    ];
     let mut rig = Rig::new(MODE_POLL, &cfg, 0, &[], &[top - 100, 5, 0]);
     // Counter 0 wraps between the first two readings, counter 1 steps, counter 2 jumps.
-    let readings: [[u64; 3]; 4] = [[top - 40, 5, 1 << 44], [20, 1_005, 1 << 45], [20, 1_006, 0], [top - 1, 1_007, 1]];
+    let readings: [[u64; 3]; 4] = [
+        [top - 40, 5, 1 << 44],
+        [20, 1_005, 1 << 45],
+        [20, 1_006, 0],
+        [top - 1, 1_007, 1],
+    ];
     for (i, r) in readings.iter().enumerate() {
         assert_eq!(rig.dispatch(&poll(1_000 * (i as u64 + 1), r)), 0);
     }
@@ -124,11 +138,17 @@ fn deltas_exact_across_40_bit_wraps() {
         assert_eq!(&r.deltas[..3], &w, "record {i}");
         assert_eq!(r.deltas[3..], [0; 5]);
         assert_eq!((r.cpu, r.pid, r.tid, r.nr), (2, 100, 101, 3));
-        assert_eq!((r.misc, r.ovfl_counter, r.multi_wrap, r.ip), (MISC_POLL, NO_OVERFLOW_COUNTER, 0, 0));
+        assert_eq!(
+            (r.misc, r.ovfl_counter, r.multi_wrap, r.ip),
+            (MISC_POLL, NO_OVERFLOW_COUNTER, 0, 0)
+        );
         assert_eq!(r.time_ns, 1_000 * (i as u64 + 1));
     }
     let h = rig.buf().header();
-    assert_eq!((h.records, h.drops, h.overflows, h.format_uuid), (4, 0, 4, DELTA_UUID));
+    assert_eq!(
+        (h.records, h.drops, h.overflows, h.format_uuid),
+        (4, 0, 4, DELTA_UUID)
+    );
 }
 
 #[test]
@@ -151,12 +171,21 @@ fn overflow_samples_and_misc_bits() {
     i.ip = 0xffff_ffff_8000_0000;
     assert_eq!(rig.dispatch(&i), 0);
     let recs: Vec<_> = rig.drain().into_iter().map(|r| r.unwrap()).collect();
-    assert_eq!((recs[0].misc, recs[0].ovfl_counter, recs[0].ip), (MISC_OVERFLOW | MISC_KERNEL, 0, 0xffff_ffff_8123_4567));
+    assert_eq!(
+        (recs[0].misc, recs[0].ovfl_counter, recs[0].ip),
+        (MISC_OVERFLOW | MISC_KERNEL, 0, 0xffff_ffff_8123_4567)
+    );
     assert_eq!(&recs[0].deltas[..2], &[10_000, 7]);
-    assert_eq!((recs[1].misc, recs[1].ovfl_counter, recs[1].ip), (MISC_OVERFLOW, 1, 0x0000_5555_0000_1000));
+    assert_eq!(
+        (recs[1].misc, recs[1].ovfl_counter, recs[1].ip),
+        (MISC_OVERFLOW, 1, 0x0000_5555_0000_1000)
+    );
     assert_eq!(&recs[1].deltas[..2], &[10_000, 2]);
     // No IP and no overflow counter outside overflow samples.
-    assert_eq!((recs[2].misc, recs[2].ovfl_counter, recs[2].ip), (MISC_INSTRUCTED, NO_OVERFLOW_COUNTER, 0));
+    assert_eq!(
+        (recs[2].misc, recs[2].ovfl_counter, recs[2].ip),
+        (MISC_INSTRUCTED, NO_OVERFLOW_COUNTER, 0)
+    );
     assert_eq!(&recs[2].deltas[..2], &[5, 1]);
 }
 
@@ -228,7 +257,10 @@ fn tiny_ring_drops_exact_and_sums_preserved() {
 #[test]
 fn multi_wrap_flag_survives_a_drop() {
     // 32-bit counters at <= 4e9/s: a 2 s gap may hide a wrap.
-    let cfg = [CounterConfig { width: 32, max_rate_per_sec: 4_000_000_000 }];
+    let cfg = [CounterConfig {
+        width: 32,
+        max_rate_per_sec: 4_000_000_000,
+    }];
     let mut rig = Rig::new(MODE_POLL, &cfg, 4096, &[], &[0]);
     let rec = record::record_size(1) as u64;
     let fit = MIN_DATA_SIZE / rec;
@@ -245,7 +277,10 @@ fn multi_wrap_flag_survives_a_drop() {
     let recs = rig.drain();
     assert_eq!(recs[0], Err(1));
     let r = recs[1].unwrap();
-    assert_eq!((r.misc, r.multi_wrap, r.deltas[0]), (MISC_POLL | MISC_MULTI_WRAP, 1, 2));
+    assert_eq!(
+        (r.misc, r.multi_wrap, r.deltas[0]),
+        (MISC_POLL | MISC_MULTI_WRAP, 1, 2)
+    );
     let r = recs[2].unwrap();
     assert_eq!((r.misc, r.multi_wrap, r.deltas[0]), (MISC_POLL, 0, 1));
 }
@@ -258,7 +293,9 @@ fn stop_marks_trailing_drops() {
         rig.dispatch(&poll(t, &[t]));
     }
     rig.drain();
-    rig.cpu.stop(&mut Buffer::from_words(&mut rig.words).unwrap()).unwrap();
+    rig.cpu
+        .stop(&mut Buffer::from_words(&mut rig.words).unwrap())
+        .unwrap();
     assert_eq!(rig.drain(), [Err(3)]);
 }
 
@@ -279,7 +316,12 @@ fn getsize(p: &SessionParams, arg: &[u8]) -> Result<u64, i32> {
 }
 
 fn arg(size: u32, flags: u32, data_size: u64) -> [u8; 16] {
-    DeltaArg { size, flags, data_size }.to_bytes()
+    DeltaArg {
+        size,
+        flags,
+        data_size,
+    }
+    .to_bytes()
 }
 
 #[test]
@@ -320,9 +362,20 @@ fn validate_and_arg_rules() {
     reg.register_static(&DELTA_OPS).unwrap();
     let fmt = reg.acquire(Selector::Name(b"delta")).unwrap();
     let e = Session::new(fmt, &p, &long, &[W40; 3]).unwrap_err();
-    assert_eq!(e, EngineError::TooBig { what: "format argument" });
+    assert_eq!(
+        e,
+        EngineError::TooBig {
+            what: "format argument"
+        }
+    );
     let e = Session::new(fmt, &p, &arg(16, 1, 0), &[W40; 3]).unwrap_err();
-    assert_eq!(e, EngineError::Format { call: "validate", errno: EINVAL });
+    assert_eq!(
+        e,
+        EngineError::Format {
+            call: "validate",
+            errno: EINVAL
+        }
+    );
 }
 
 #[test]
@@ -334,11 +387,17 @@ fn getsize_rounds_the_ring() {
     assert_eq!(getsize(&p(1), &[]), Ok(320 + MIN_DATA_SIZE));
     assert_eq!(getsize(&p(1 << 20), &[]), Ok(320 + (1 << 20)));
     // The argument wins over the hint.
-    assert_eq!(getsize(&p(1 << 20), &arg(16, 0, 70_000)), Ok(320 + (128 << 10)));
+    assert_eq!(
+        getsize(&p(1 << 20), &arg(16, 0, 70_000)),
+        Ok(320 + (128 << 10))
+    );
     assert_eq!(getsize(&p(0), &arg(16, 0, 0)), Ok(320 + DEFAULT_DATA_SIZE));
     assert_eq!(getsize(&p(MAX_DATA_SIZE + 1), &[]), Err(-EINVAL));
     let l = layout(&p(0), &DeltaArg::default()).unwrap();
-    assert_eq!((l.private_offset, l.data_offset, l.data_size), (192, 320, DEFAULT_DATA_SIZE));
+    assert_eq!(
+        (l.private_offset, l.data_offset, l.data_size),
+        (192, 320, DEFAULT_DATA_SIZE)
+    );
 }
 
 #[test]
@@ -347,7 +406,10 @@ fn ops_table_registers_and_lists() {
     reg.register_static(&DELTA_OPS).unwrap();
     let info = reg.iter().next().unwrap();
     assert_eq!(hrperf_abi::name_bytes(&info.name), b"delta");
-    assert_eq!((info.uuid, info.version, info.arg_size, info.flags), (DELTA_UUID, 0x0001_0000, 16, FMT_FL_RING));
+    assert_eq!(
+        (info.uuid, info.version, info.arg_size, info.flags),
+        (DELTA_UUID, 0x0001_0000, 16, FMT_FL_RING)
+    );
     let mut ctrl = 9;
     let f = DELTA_OPS.restart.unwrap();
     // SAFETY: restart only writes `ctrl`.

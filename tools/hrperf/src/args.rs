@@ -173,31 +173,6 @@ pub struct InfoArgs {
     pub input: PathBuf,
 }
 
-/// Parses a CPU list such as `0-3,6`.
-pub fn parse_cpu_list(s: &str) -> Result<Vec<u32>, String> {
-    let mut cpus = Vec::new();
-    for part in s.split(',').map(str::trim) {
-        let bad = || format!("bad CPU list '{s}': '{part}' is not a CPU number or range like 0-3");
-        let (lo, hi) = match part.split_once('-') {
-            Some((a, b)) => (a.trim().parse::<u32>().map_err(|_| bad())?, b.trim().parse::<u32>().map_err(|_| bad())?),
-            None => {
-                let c = part.parse::<u32>().map_err(|_| bad())?;
-                (c, c)
-            }
-        };
-        if lo > hi {
-            return Err(format!("bad CPU list '{s}': range {lo}-{hi} runs backwards"));
-        }
-        if hi >= hrperf_abi::MAX_CPUS as u32 {
-            return Err(format!("bad CPU list '{s}': CPU {hi} is beyond the {} hrperf supports", hrperf_abi::MAX_CPUS));
-        }
-        cpus.extend(lo..=hi);
-    }
-    cpus.sort_unstable();
-    cpus.dedup();
-    Ok(cpus)
-}
-
 /// Parses a duration such as `250ms`, `5s`, `1.5s`, `100us`, `2m`.
 pub fn parse_duration_ns(s: &str) -> Result<u64, String> {
     let t = s.trim();
@@ -236,16 +211,6 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cpu_lists() {
-        assert_eq!(parse_cpu_list("0-3,6").unwrap(), vec![0, 1, 2, 3, 6]);
-        assert_eq!(parse_cpu_list("2,1,2").unwrap(), vec![1, 2]);
-        assert!(parse_cpu_list("3-1").unwrap_err().contains("backwards"));
-        assert!(parse_cpu_list("a").unwrap_err().contains("bad CPU list"));
-        assert!(parse_cpu_list("0-999").is_err());
-        assert!(parse_cpu_list("").is_err());
-    }
 
     #[test]
     fn durations_and_sizes() {

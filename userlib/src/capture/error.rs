@@ -144,7 +144,10 @@ pub enum HeaderProblem {
         have: u64,
     },
     /// The byte-order mark is neither this host's nor the other byte order's.
-    #[error("byte-order mark {found:#010x} is not {:#010x} in either byte order", BYTE_ORDER_MARK)]
+    #[error(
+        "byte-order mark {found:#010x} is not {:#010x} in either byte order",
+        BYTE_ORDER_MARK
+    )]
     ByteOrderMark {
         /// The mark as read.
         found: u32,
@@ -167,7 +170,9 @@ pub enum HeaderProblem {
     #[error("the format name is not NUL-terminated, zero-padded UTF-8")]
     FormatName,
     /// The metadata runs past the end of the file.
-    #[error("metadata_size {size} runs past the end of the file ({available} bytes after the header)")]
+    #[error(
+        "metadata_size {size} runs past the end of the file ({available} bytes after the header)"
+    )]
     MetadataPastEof {
         /// `metadata_size`.
         size: u64,
@@ -246,7 +251,10 @@ pub enum ChunkProblem {
         have: u64,
     },
     /// The chunk does not start with [`hrperf_abi::capture::CHUNK_MAGIC`].
-    #[error("bad chunk magic {found:#010x} (expected {:#010x})", hrperf_abi::capture::CHUNK_MAGIC)]
+    #[error(
+        "bad chunk magic {found:#010x} (expected {:#010x})",
+        hrperf_abi::capture::CHUNK_MAGIC
+    )]
     BadMagic {
         /// The value found.
         found: u32,
@@ -274,7 +282,9 @@ pub enum ChunkProblem {
         actual: u32,
     },
     /// Reserved flags or fields are non-zero.
-    #[error("reserved chunk header fields are non-zero (flags {flags:#x}, reserved {reserved:#x})")]
+    #[error(
+        "reserved chunk header fields are non-zero (flags {flags:#x}, reserved {reserved:#x})"
+    )]
     Reserved {
         /// `flags`.
         flags: u32,

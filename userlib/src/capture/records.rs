@@ -34,7 +34,9 @@ impl Record<'_> {
         }
         LostRecord::read_from_prefix(self.bytes)
             .map(|(l, _)| Some(l.lost))
-            .map_err(|_| RecordProblem::Lost { size: self.header.size })
+            .map_err(|_| RecordProblem::Lost {
+                size: self.header.size,
+            })
     }
 }
 
@@ -63,7 +65,16 @@ impl<'a> Records<'a> {
         buf: &'a [u8],
         declared: Option<u64>,
     ) -> Self {
-        Records { buf, pos: 0, base, chunk, declared, seen: 0, path, done: false }
+        Records {
+            buf,
+            pos: 0,
+            base,
+            chunk,
+            declared,
+            seen: 0,
+            path,
+            done: false,
+        }
     }
 
     /// Iterates the records of any buffer of whole records (e.g. a ring's contents);
@@ -97,7 +108,10 @@ impl<'a> Records<'a> {
             Some(declared) if declared != self.seen => Some(Err(CaptureError::BadChunk {
                 path: self.path.to_owned(),
                 offset: self.chunk,
-                problem: ChunkProblem::RecordCount { declared, found: self.seen },
+                problem: ChunkProblem::RecordCount {
+                    declared,
+                    found: self.seen,
+                },
             })),
             _ => None,
         }
@@ -118,7 +132,9 @@ impl<'a> Iterator for Records<'a> {
                 return self.finish();
             }
             let Ok((header, _)) = RecordHeader::read_from_prefix(rest) else {
-                return self.fail(RecordProblem::Truncated { remaining: rest.len() as u64 });
+                return self.fail(RecordProblem::Truncated {
+                    remaining: rest.len() as u64,
+                });
             };
             let size = header.size;
             if size < 8 {
@@ -128,7 +144,10 @@ impl<'a> Iterator for Records<'a> {
                 return self.fail(RecordProblem::Misaligned { size });
             }
             let Some(bytes) = rest.get(..size as usize) else {
-                return self.fail(RecordProblem::PastChunk { size, remaining: rest.len() as u64 });
+                return self.fail(RecordProblem::PastChunk {
+                    size,
+                    remaining: rest.len() as u64,
+                });
             };
             let offset = self.base + self.pos as u64;
             self.pos += size as usize;
@@ -136,7 +155,11 @@ impl<'a> Iterator for Records<'a> {
             if header.kind == RecordType::PAD {
                 continue;
             }
-            return Some(Ok(Record { offset, header, bytes }));
+            return Some(Ok(Record {
+                offset,
+                header,
+                bytes,
+            }));
         }
     }
 }

@@ -50,7 +50,8 @@ impl CpuSummary {
 
     /// Records the kernel/source says it wrote, from the statistics (else those found).
     pub fn records_written(&self) -> u64 {
-        self.stats.map_or(self.records + self.lost_records, |s| s.records)
+        self.stats
+            .map_or(self.records + self.lost_records, |s| s.records)
     }
 }
 
@@ -76,7 +77,10 @@ pub struct Scan {
 impl Scan {
     /// All CPUs added up (`cpu` is `u32::MAX`; `stats` is the sum, if any CPU had some).
     pub fn totals(&self) -> CpuSummary {
-        let mut t = CpuSummary { cpu: u32::MAX, ..CpuSummary::default() };
+        let mut t = CpuSummary {
+            cpu: u32::MAX,
+            ..CpuSummary::default()
+        };
         for c in &self.cpus {
             t.chunks += c.chunks;
             t.records += c.records;
@@ -118,12 +122,23 @@ impl Reader {
     /// what the capture holds. Never fails: damage ends the pass and is in
     /// [`Scan::error`].
     pub fn scan(&self) -> Scan {
-        let mut scan = Scan { warnings: self.warnings().to_vec(), ..Scan::default() };
+        let mut scan = Scan {
+            warnings: self.warnings().to_vec(),
+            ..Scan::default()
+        };
         let mut cpus: BTreeMap<u32, CpuSummary> = self
             .meta()
             .cpus
             .iter()
-            .map(|&cpu| (cpu, CpuSummary { cpu, ..CpuSummary::default() }))
+            .map(|&cpu| {
+                (
+                    cpu,
+                    CpuSummary {
+                        cpu,
+                        ..CpuSummary::default()
+                    },
+                )
+            })
             .collect();
         let mut chunks = self.chunks();
         'chunks: for chunk in &mut chunks {
@@ -138,9 +153,10 @@ impl Reader {
             match chunk.kind {
                 CHUNK_DATA => {
                     scan.data_bytes += chunk.payload.len() as u64;
-                    let c = cpus
-                        .entry(chunk.cpu)
-                        .or_insert_with(|| CpuSummary { cpu: chunk.cpu, ..CpuSummary::default() });
+                    let c = cpus.entry(chunk.cpu).or_insert_with(|| CpuSummary {
+                        cpu: chunk.cpu,
+                        ..CpuSummary::default()
+                    });
                     c.chunks += 1;
                     for rec in chunk.records() {
                         let rec = match rec {
@@ -172,7 +188,10 @@ impl Reader {
                 CHUNK_STATS => {
                     for s in chunk.stats() {
                         cpus.entry(s.cpu)
-                            .or_insert_with(|| CpuSummary { cpu: s.cpu, ..CpuSummary::default() })
+                            .or_insert_with(|| CpuSummary {
+                                cpu: s.cpu,
+                                ..CpuSummary::default()
+                            })
                             .stats = Some(s);
                     }
                 }

@@ -5,10 +5,9 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use hrperf_abi::capture::{
-    ChunkHeader, EndInfo, FileHeader, Section, BYTE_ORDER_MARK, CHUNK_DATA, CHUNK_END,
-    CHUNK_MAGIC, CHUNK_STATS, FILE_MAGIC, FILE_VERSION, SECTION_COMMAND, SECTION_CPUS,
-    SECTION_CPU_MODEL, SECTION_EVENT, SECTION_FORMAT_ARG, SECTION_HOSTNAME, SECTION_KERNEL,
-    SECTION_SIM_CONFIG,
+    ChunkHeader, EndInfo, FileHeader, Section, BYTE_ORDER_MARK, CHUNK_DATA, CHUNK_END, CHUNK_MAGIC,
+    CHUNK_STATS, FILE_MAGIC, FILE_VERSION, SECTION_COMMAND, SECTION_CPUS, SECTION_CPU_MODEL,
+    SECTION_EVENT, SECTION_FORMAT_ARG, SECTION_HOSTNAME, SECTION_KERNEL, SECTION_SIM_CONFIG,
 };
 use hrperf_abi::ioctl::CpuStats;
 use hrperf_abi::record::RecordHeader;
@@ -200,11 +199,13 @@ impl<W: Write> Writer<W> {
     }
 
     fn put(&mut self, bytes: &[u8], op: &'static str) -> Result<(), CaptureError> {
-        self.out.write_all(bytes).map_err(|source| CaptureError::Io {
-            path: self.path.clone(),
-            op,
-            source,
-        })?;
+        self.out
+            .write_all(bytes)
+            .map_err(|source| CaptureError::Io {
+                path: self.path.clone(),
+                op,
+                source,
+            })?;
         self.offset += bytes.len() as u64;
         Ok(())
     }
@@ -223,7 +224,10 @@ fn count_records(buf: &[u8]) -> Result<u64, CaptureError> {
     };
     if buf.len() & 7 != 0 {
         return Err(CaptureError::InvalidInput {
-            problem: format!("chunk payload of {} bytes is not a multiple of 8", buf.len()),
+            problem: format!(
+                "chunk payload of {} bytes is not a multiple of 8",
+                buf.len()
+            ),
         });
     }
     let mut pos = 0;
@@ -234,7 +238,10 @@ fn count_records(buf: &[u8]) -> Result<u64, CaptureError> {
         };
         let size = h.size as usize;
         if size < 8 || size & 7 != 0 || size > buf.len() - pos {
-            return Err(bad(pos, format!("bad size {size} ({} bytes left)", buf.len() - pos)));
+            return Err(bad(
+                pos,
+                format!("bad size {size} ({} bytes left)", buf.len() - pos),
+            ));
         }
         pos += size;
         n += 1;
@@ -281,7 +288,10 @@ fn encode_metadata(meta: &CaptureMeta) -> Result<Vec<u8>, CaptureError> {
 
 fn section(out: &mut Vec<u8>, kind: u32, payload: &[u8]) -> Result<(), CaptureError> {
     let size = u32::try_from(payload.len()).map_err(|_| CaptureError::InvalidInput {
-        problem: format!("metadata section {kind} is {} bytes, over 4 GiB", payload.len()),
+        problem: format!(
+            "metadata section {kind} is {} bytes, over 4 GiB",
+            payload.len()
+        ),
     })?;
     out.extend_from_slice(Section { kind, size }.as_bytes());
     out.extend_from_slice(payload);

@@ -18,7 +18,13 @@ use hrperf_fmt_delta::record::{self, DeltaSample, NO_OVERFLOW_COUNTER};
 pub fn event(name: &str, kind: u32, config: u64) -> EventSpec {
     EventSpec {
         name: name.into(),
-        desc: EventDesc { kind, flags: 0, config, config1: 0, config2: 0 },
+        desc: EventDesc {
+            kind,
+            flags: 0,
+            config,
+            config1: 0,
+            config2: 0,
+        },
     }
 }
 
@@ -131,7 +137,13 @@ pub fn stats(cpu: u32, records: u64, drops: u64) -> CpuStats {
 }
 
 pub fn end_info(total_records: u64, total_drops: u64) -> EndInfo {
-    EndInfo { end_time_ns: 99_000, total_records, total_drops, exit_status: 0, reserved: 0 }
+    EndInfo {
+        end_time_ns: 99_000,
+        total_records,
+        total_drops,
+        exit_status: 0,
+        reserved: 0,
+    }
 }
 
 /// The small capture most tests use:
@@ -171,7 +183,10 @@ pub fn delta_plugin_path() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let deps = exe.parent().expect("exe dir").to_owned();
     let profile = deps.parent().expect("profile dir").to_owned();
-    let candidates = [profile.join("libhrperf_decode_delta.so"), deps.join("libhrperf_decode_delta.so")];
+    let candidates = [
+        profile.join("libhrperf_decode_delta.so"),
+        deps.join("libhrperf_decode_delta.so"),
+    ];
     candidates
         .iter()
         .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))

@@ -23,9 +23,9 @@
 use core::ffi::c_char;
 
 use hrperf_abi::plugin::{
-    DecodeCtx, FieldDesc, FieldValue, PluginDecl, RecordKindDesc, DECODE_EFAULT,
-    DECODE_EMALFORMED, DECODE_ESPACE, DECODE_ETRUNCATED, DECODE_EUNKNOWN, FIELD_COUNTERS,
-    FIELD_FL_ABSENT, FIELD_HEX, FIELD_STR, FIELD_TIME, FIELD_U64, PLUGIN_ABI_VERSION,
+    DecodeCtx, FieldDesc, FieldValue, PluginDecl, RecordKindDesc, DECODE_EFAULT, DECODE_EMALFORMED,
+    DECODE_ESPACE, DECODE_ETRUNCATED, DECODE_EUNKNOWN, FIELD_COUNTERS, FIELD_FL_ABSENT, FIELD_HEX,
+    FIELD_STR, FIELD_TIME, FIELD_U64, PLUGIN_ABI_VERSION,
 };
 use hrperf_abi::record::{MISC_INSTRUCTED, MISC_OVERFLOW, MISC_POLL};
 use hrperf_abi::RecordType;
@@ -39,7 +39,11 @@ const fn cstr(s: &'static [u8]) -> *const c_char {
 }
 
 const fn field(name: &'static [u8], kind: u32) -> FieldDesc {
-    FieldDesc { name: cstr(name), kind, flags: 0 }
+    FieldDesc {
+        name: cstr(name),
+        kind,
+        flags: 0,
+    }
 }
 
 /// Index of each field in [`FIELDS`].
@@ -82,7 +86,9 @@ pub static DECL: PluginDecl = PluginDecl {
     abi_version: PLUGIN_ABI_VERSION,
     size: core::mem::size_of::<PluginDecl>() as u32,
     name: cstr(b"delta\0"),
-    description: cstr(b"per-CPU 64-bit counter deltas per overflow, poll tick or instructed read\0"),
+    description: cstr(
+        b"per-CPU 64-bit counter deltas per overflow, poll tick or instructed read\0",
+    ),
     uuid: hrperf_fmt_delta::DELTA_UUID,
     format_version: FORMAT_VERSION,
     nr_kinds: KINDS.len() as u32,
@@ -101,11 +107,23 @@ static TRIGGER_POLL: &str = "poll";
 static TRIGGER_INSTRUCTED: &str = "instructed";
 
 fn int(kind: u32, value: u64) -> FieldValue {
-    FieldValue { kind, flags: 0, value, ptr: core::ptr::null(), len: 0 }
+    FieldValue {
+        kind,
+        flags: 0,
+        value,
+        ptr: core::ptr::null(),
+        len: 0,
+    }
 }
 
 fn absent(kind: u32) -> FieldValue {
-    FieldValue { kind, flags: FIELD_FL_ABSENT, value: 0, ptr: core::ptr::null(), len: 0 }
+    FieldValue {
+        kind,
+        flags: FIELD_FL_ABSENT,
+        value: 0,
+        ptr: core::ptr::null(),
+        len: 0,
+    }
 }
 
 /// Decodes `rec` (one record, header included) into `out[..9]`, as the ABI's `decode`
@@ -148,7 +166,11 @@ pub fn decode_record(rec: &[u8], out: &mut [FieldValue]) -> i32 {
         ptr: trigger.as_ptr(),
         len: trigger.len() as u64,
     };
-    out[idx::IP] = if overflow { int(FIELD_HEX, s.ip) } else { absent(FIELD_HEX) };
+    out[idx::IP] = if overflow {
+        int(FIELD_HEX, s.ip)
+    } else {
+        absent(FIELD_HEX)
+    };
     out[idx::OVFL_COUNTER] = if overflow && s.ovfl_counter != NO_OVERFLOW_COUNTER {
         int(FIELD_U64, s.ovfl_counter.into())
     } else {
@@ -237,7 +259,15 @@ mod tests {
     fn call(rec: &[u8], out: &mut [FieldValue]) -> i32 {
         let c = ctx();
         // SAFETY: all pointers come from live references of the stated lengths.
-        unsafe { decode(&c, rec.as_ptr(), rec.len(), out.as_mut_ptr(), out.len() as u32) }
+        unsafe {
+            decode(
+                &c,
+                rec.as_ptr(),
+                rec.len(),
+                out.as_mut_ptr(),
+                out.len() as u32,
+            )
+        }
     }
 
     fn str_of(v: &FieldValue) -> &'static str {
@@ -263,7 +293,17 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["cpu", "time_ns", "pid", "tid", "trigger", "ip", "ovfl_counter", "multi_wrap", "counters"]
+            [
+                "cpu",
+                "time_ns",
+                "pid",
+                "tid",
+                "trigger",
+                "ip",
+                "ovfl_counter",
+                "multi_wrap",
+                "counters"
+            ]
         );
     }
 
@@ -285,7 +325,10 @@ mod tests {
         assert_eq!(c.len, 3);
         // SAFETY: the counters point into `rec`, 3 u64s.
         let b = unsafe { core::slice::from_raw_parts(c.ptr, 24) };
-        let vals: Vec<u64> = b.chunks(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).collect();
+        let vals: Vec<u64> = b
+            .chunks(8)
+            .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
+            .collect();
         assert_eq!(vals, [1000, 1001, 1002]);
     }
 
@@ -308,10 +351,22 @@ mod tests {
         let c = ctx();
         // SAFETY: null pointers are what is being tested; the plugin must not use them.
         unsafe {
-            assert_eq!(decode(core::ptr::null(), [0u8; 8].as_ptr(), 8, out.as_mut_ptr(), 9), DECODE_EFAULT);
-            assert_eq!(decode(&c, core::ptr::null(), 8, out.as_mut_ptr(), 9), DECODE_EFAULT);
-            assert_eq!(decode(&c, [0u8; 8].as_ptr(), 8, core::ptr::null_mut(), 9), DECODE_EFAULT);
-            assert_eq!(decode(&c, [0u8; 8].as_ptr(), 8, out.as_mut_ptr(), 8), DECODE_ESPACE);
+            assert_eq!(
+                decode(core::ptr::null(), [0u8; 8].as_ptr(), 8, out.as_mut_ptr(), 9),
+                DECODE_EFAULT
+            );
+            assert_eq!(
+                decode(&c, core::ptr::null(), 8, out.as_mut_ptr(), 9),
+                DECODE_EFAULT
+            );
+            assert_eq!(
+                decode(&c, [0u8; 8].as_ptr(), 8, core::ptr::null_mut(), 9),
+                DECODE_EFAULT
+            );
+            assert_eq!(
+                decode(&c, [0u8; 8].as_ptr(), 8, out.as_mut_ptr(), 8),
+                DECODE_ESPACE
+            );
         }
         let rec = encode(&sample(3, MISC_OVERFLOW, 0));
         for n in 0..rec.len() {
@@ -375,6 +430,9 @@ mod tests {
                 assert!(start + 8 * n <= b.len());
             }
         }
-        assert!(ok > 0, "no random record decoded; the test does not reach the decoder");
+        assert!(
+            ok > 0,
+            "no random record decoded; the test does not reach the decoder"
+        );
     }
 }

@@ -1,0 +1,394 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * hrperf_shim.c - the C half of hrperf-core.ko: only what the 6.12 `kernel` crate
+ * lacks. Everything with logic in it lives in Rust (hrperf_core.rs and the engine);
+ * this file is thin wrappers, each called from one Rust module (shim.rs).
+ *
+ *   - module parameters (6.12's module! has no params)
+ *   - the /dev/hrperf char device: cdev + class + device_type, because only a
+ *     device_type's devnode() can give a devtmpfs node a group (dev_gid=), which a
+ *     misc device cannot; file_operations incl. mmap, poll, unlocked_ioctl
+ *   - reader wakeups: a waitqueue kicked through irq_work (NMI-safe)
+ *   - perf kernel counters (perf_event.h is not in the Rust bindings) and the
+ *     overflow-handler trampoline
+ *   - cross-CPU calls, the poll kthread, local_clock(), vmalloc + vm_insert_page
+ *   - try_module_get/module_put on a format's owner, EXPORT_SYMBOL_GPL of the
+ *     format registration functions (implemented in Rust)
+ */
+
+#include <linux/cdev.h>
+#include <linux/cpumask.h>
+#include <linux/device.h>
+#include <linux/err.h>
+#include <linux/fs.h>
+#include <linux/hrtimer.h>
+#include <linux/irq_work.h>
+#include <linux/kthread.h>
+#include <linux/mm.h>
+#include <linux/module.h>
+#include <linux/perf_event.h>
+#include <linux/poll.h>
+#include <linux/sched.h>
+#include <linux/sched/clock.h>
+#include <linux/slab.h>
+#include <linux/smp.h>
+#include <linux/vmalloc.h>
+#include <linux/wait.h>
+
+/* ---- module parameters ------------------------------------------------------ */
+
+static ushort dev_mode = 0600;
+module_param(dev_mode, ushort, 0444);
+MODULE_PARM_DESC(dev_mode, "permissions of /dev/hrperf (default 0600)");
+
+static uint dev_gid;
+module_param(dev_gid, uint, 0444);
+MODULE_PARM_DESC(dev_gid, "group of /dev/hrperf (default 0, root)");
+
+static char *mode = "overflow";
+module_param(mode, charp, 0444);
+MODULE_PARM_DESC(mode, "default session mode: overflow|poll|instructed");
+
+static uint poll_us = 1000;
+module_param(poll_us, uint, 0444);
+MODULE_PARM_DESC(poll_us, "default poll interval in microseconds (poll mode)");
+
+const char *hrperf_shim_param_mode(void) { return mode ? mode : ""; }
+u32 hrperf_shim_param_poll_us(void) { return poll_us; }
+
+/* ---- the Rust side ------------------------------------------------------------ */
+
+struct hrperf_file;
+
+/* What the overflow trampoline hands to Rust (struct OverflowInfo in shim.rs). */
+struct hrperf_ovf {
+	u64 ip;
+	u64 time_ns;
+	u32 pid;
+	u32 tid;
+	u32 kernel;
+	u32 reserved;
+};
+
+/* The counter description Rust passes (struct CounterAttr in shim.rs). */
+struct hrperf_counter_attr {
+	u32 type;
+	u32 exclude_user;
+	u32 exclude_kernel;
+	u32 precise_ip;
+	u64 config;
+	u64 config1;
+	u64 config2;
+	u64 sample_period;
+};
+
+int hrperf_rs_open(struct hrperf_file *hf, void **rs);
+void hrperf_rs_release(void *rs);
+long hrperf_rs_ioctl(void *rs, unsigned int cmd, unsigned long arg);
+int hrperf_rs_mmap(void *rs, struct vm_area_struct *vma, unsigned long start,
+		   unsigned long len, unsigned long pgoff);
+int hrperf_rs_poll(void *rs);
+void hrperf_rs_overflow(void *ctx, const struct hrperf_ovf *o);
+
+struct hrperf_format_ops;
+int hrperf_register_format(const struct hrperf_format_ops *ops);
+int hrperf_unregister_format(const struct hrperf_format_ops *ops);
+EXPORT_SYMBOL_GPL(hrperf_register_format);
+EXPORT_SYMBOL_GPL(hrperf_unregister_format);
+
+/* ---- one open file ------------------------------------------------------------- */
+
+struct hrperf_file {
+	wait_queue_head_t wq;
+	struct irq_work work;
+	void *rs;
+};
+
+static void hrperf_wake(struct irq_work *work)
+{
+	struct hrperf_file *hf = container_of(work, struct hrperf_file, work);
+
+	wake_up_interruptible_all(&hf->wq);
+}
+
+/* Wakes the file's poll() waiters; safe from any context, NMI included. */
+void hrperf_shim_notify(struct hrperf_file *hf)
+{
+	irq_work_queue(&hf->work);
+}
+
+static int hrperf_open(struct inode *inode, struct file *file)
+{
+	struct hrperf_file *hf;
+	int ret;
+
+	hf = kzalloc(sizeof(*hf), GFP_KERNEL);
+	if (!hf)
+		return -ENOMEM;
+	init_waitqueue_head(&hf->wq);
+	init_irq_work(&hf->work, hrperf_wake);
+	ret = hrperf_rs_open(hf, &hf->rs);
+	if (ret) {
+		kfree(hf);
+		return ret;
+	}
+	file->private_data = hf;
+	return nonseekable_open(inode, file);
+}
+
+static int hrperf_release(struct inode *inode, struct file *file)
+{
+	struct hrperf_file *hf = file->private_data;
+
+	hrperf_rs_release(hf->rs);	/* stops the session: nothing queues work now */
+	irq_work_sync(&hf->work);
+	kfree(hf);
+	return 0;
+}
+
+static long hrperf_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
+{
+	struct hrperf_file *hf = file->private_data;
+
+	return hrperf_rs_ioctl(hf->rs, cmd, arg);
+}
+
+static __poll_t hrperf_poll(struct file *file, poll_table *pt)
+{
+	struct hrperf_file *hf = file->private_data;
+
+	poll_wait(file, &hf->wq, pt);
+	return hrperf_rs_poll(hf->rs) ? EPOLLIN | EPOLLRDNORM : 0;
+}
+
+/* Buffers are mapped read-only: refuse PROT_WRITE now and mprotect() later. */
+static int hrperf_mmap(struct file *file, struct vm_area_struct *vma)
+{
+	struct hrperf_file *hf = file->private_data;
+
+	if (vma->vm_flags & VM_WRITE)
+		return -EPERM;
+	vm_flags_clear(vma, VM_MAYWRITE);
+	vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP);
+	return hrperf_rs_mmap(hf->rs, vma, vma->vm_start, vma->vm_end - vma->vm_start,
+			      vma->vm_pgoff);
+}
+
+/* Inserts the vmalloc pages [kaddr, kaddr + len) at uaddr (both page-aligned). */
+int hrperf_shim_map(struct vm_area_struct *vma, unsigned long uaddr, void *kaddr,
+		    unsigned long len)
+{
+	unsigned long off;
+	int ret;
+
+	for (off = 0; off < len; off += PAGE_SIZE) {
+		ret = vm_insert_page(vma, uaddr + off, vmalloc_to_page(kaddr + off));
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
+static const struct file_operations hrperf_fops = {
+	.owner = THIS_MODULE,
+	.open = hrperf_open,
+	.release = hrperf_release,
+	.unlocked_ioctl = hrperf_ioctl,
+	.compat_ioctl = compat_ptr_ioctl,
+	.poll = hrperf_poll,
+	.mmap = hrperf_mmap,
+};
+
+/* ---- /dev/hrperf ---------------------------------------------------------------- */
+
+static char *hrperf_devnode(const struct device *dev, umode_t *m, kuid_t *uid, kgid_t *gid)
+{
+	if (m)
+		*m = dev_mode & 0777;
+	if (gid)
+		*gid = KGIDT_INIT(dev_gid);
+	return NULL;
+}
+
+static void hrperf_dev_release(struct device *dev) { }
+
+static const struct device_type hrperf_devtype = {
+	.name = "hrperf",
+	.devnode = hrperf_devnode,
+};
+
+static const struct class hrperf_class = { .name = "hrperf" };
+static struct device hrperf_dev;
+static struct cdev hrperf_cdev;
+static dev_t hrperf_devt;
+
+int hrperf_shim_dev_register(void)
+{
+	int ret;
+
+	ret = alloc_chrdev_region(&hrperf_devt, 0, 1, "hrperf");
+	if (ret)
+		return ret;
+	ret = class_register(&hrperf_class);
+	if (ret)
+		goto out_region;
+	device_initialize(&hrperf_dev);
+	hrperf_dev.devt = hrperf_devt;
+	hrperf_dev.class = &hrperf_class;
+	hrperf_dev.type = &hrperf_devtype;
+	hrperf_dev.release = hrperf_dev_release;
+	ret = dev_set_name(&hrperf_dev, "hrperf");
+	if (ret)
+		goto out_put;
+	cdev_init(&hrperf_cdev, &hrperf_fops);
+	hrperf_cdev.owner = THIS_MODULE;
+	ret = cdev_device_add(&hrperf_cdev, &hrperf_dev);
+	if (ret)
+		goto out_put;
+	return 0;
+out_put:
+	put_device(&hrperf_dev);
+	class_unregister(&hrperf_class);
+out_region:
+	unregister_chrdev_region(hrperf_devt, 1);
+	return ret;
+}
+
+void hrperf_shim_dev_unregister(void)
+{
+	cdev_device_del(&hrperf_cdev, &hrperf_dev);
+	put_device(&hrperf_dev);
+	class_unregister(&hrperf_class);
+	unregister_chrdev_region(hrperf_devt, 1);
+}
+
+/* ---- perf kernel counters ---------------------------------------------------------- */
+
+/* perf's overflow callback: NMI or IRQ context (or wherever a software event fires). */
+static void hrperf_overflow(struct perf_event *event, struct perf_sample_data *data,
+			    struct pt_regs *regs)
+{
+	struct hrperf_ovf o = {
+		.ip = regs ? instruction_pointer(regs) : 0,
+		.time_ns = local_clock(),
+		.pid = current->tgid,
+		.tid = current->pid,
+		.kernel = regs ? !user_mode(regs) : 1,
+	};
+
+	hrperf_rs_overflow(event->overflow_handler_context, &o);
+}
+
+/*
+ * A pinned per-CPU counter, created disabled. With a sample period, overflows go to
+ * hrperf_rs_overflow(ctx, ...) on that CPU; without one it only counts.
+ */
+int hrperf_shim_counter_create(u32 cpu, const struct hrperf_counter_attr *a, void *ctx,
+			       struct perf_event **out)
+{
+	struct perf_event_attr attr = {
+		.type = a->type,
+		.size = sizeof(attr),
+		.config = a->config,
+		.config1 = a->config1,
+		.config2 = a->config2,
+		.sample_period = a->sample_period,
+		.pinned = 1,
+		.disabled = 1,
+		.exclude_user = !!a->exclude_user,
+		.exclude_kernel = !!a->exclude_kernel,
+		.precise_ip = a->precise_ip & 3,
+	};
+	struct perf_event *ev;
+
+	ev = perf_event_create_kernel_counter(&attr, cpu, NULL,
+					      a->sample_period ? hrperf_overflow : NULL,
+					      a->sample_period ? ctx : NULL);
+	if (IS_ERR(ev))
+		return PTR_ERR(ev);
+	*out = ev;
+	return 0;
+}
+
+void hrperf_shim_counter_release(struct perf_event *ev) { perf_event_release_kernel(ev); }
+void hrperf_shim_counter_enable(struct perf_event *ev) { perf_event_enable(ev); }
+void hrperf_shim_counter_disable(struct perf_event *ev) { perf_event_disable(ev); }
+
+/*
+ * The counter's 64-bit count, read on its own CPU: what perf_event_read_local() does
+ * (not exported in 6.12) for a per-CPU, non-inherited event. IRQ and NMI safe.
+ */
+u64 hrperf_shim_counter_read_local(struct perf_event *ev)
+{
+	unsigned long flags;
+	u64 v;
+
+	local_irq_save(flags);
+	if (READ_ONCE(ev->oncpu) == smp_processor_id() &&
+	    READ_ONCE(ev->state) == PERF_EVENT_STATE_ACTIVE)
+		ev->pmu->read(ev);
+	v = local64_read(&ev->count);
+	local_irq_restore(flags);
+	return v;
+}
+
+/* ---- CPUs, clock, cross calls -------------------------------------------------------- */
+
+u32 hrperf_shim_this_cpu(void) { return raw_smp_processor_id(); }
+u32 hrperf_shim_nr_cpu_ids(void) { return nr_cpu_ids; }
+u32 hrperf_shim_num_online_cpus(void) { return num_online_cpus(); }
+int hrperf_shim_cpu_online(u32 cpu) { return cpu < nr_cpu_ids && cpu_online(cpu); }
+u64 hrperf_shim_clock_ns(void) { return local_clock(); }
+
+/* Runs fn(info) on `cpu` with IRQs off and waits; 0 or -ENXIO (offline). */
+int hrperf_shim_on_cpu(u32 cpu, smp_call_func_t fn, void *info)
+{
+	return smp_call_function_single(cpu, fn, info, 1);
+}
+
+/* Runs fn(info) on every online CPU in `bits` (256 bits, CPU 0 in bit 0) and waits. */
+void hrperf_shim_on_cpus(const u64 *bits, smp_call_func_t fn, void *info)
+{
+	struct cpumask mask;
+	unsigned int cpu;
+
+	cpumask_clear(&mask);
+	for (cpu = 0; cpu < nr_cpu_ids && cpu < 256; cpu++)
+		if (bits[cpu / 64] & (1ULL << (cpu % 64)))
+			cpumask_set_cpu(cpu, &mask);
+	on_each_cpu_mask(&mask, fn, info, true);
+}
+
+/* ---- the poll thread -------------------------------------------------------------------- */
+
+struct task_struct *hrperf_shim_thread_start(int (*fn)(void *), void *data)
+{
+	struct task_struct *t = kthread_run(fn, data, "hrperf-poll");
+
+	return IS_ERR(t) ? NULL : t;
+}
+
+void hrperf_shim_thread_stop(struct task_struct *t) { kthread_stop(t); }
+int hrperf_shim_thread_should_stop(void) { return kthread_should_stop(); }
+
+/* Sleeps about `ns` (hrtimer, 5% or at least 1 us of slack); kthread_stop() wakes it. */
+void hrperf_shim_sleep_ns(u64 ns)
+{
+	ktime_t t = ns_to_ktime(ns);
+
+	set_current_state(TASK_INTERRUPTIBLE);
+	schedule_hrtimeout_range(&t, max_t(u64, ns / 20, 1000), HRTIMER_MODE_REL);
+}
+
+/* ---- memory, modules ---------------------------------------------------------------------- */
+
+/* Zeroed, page-aligned vmalloc memory; NULL (quietly) if there is none. */
+void *hrperf_shim_vzalloc(unsigned long size)
+{
+	return __vmalloc(size, GFP_KERNEL | __GFP_ZERO | __GFP_NOWARN);
+}
+
+void hrperf_shim_vfree(void *p) { vfree(p); }
+
+int hrperf_shim_module_get(struct module *m) { return try_module_get(m); }
+void hrperf_shim_module_put(struct module *m) { module_put(m); }

@@ -1,0 +1,201 @@
+//! `hrperf record`: builds the source from the arguments, runs the recorder with a live
+//! progress line, prints a summary, and exits with the recorded command's status.
+
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use hrperf::record::{record_to_file, Live, RecordOptions, RecordSummary};
+use hrperf::source::perf::{self, PerfConfig, PerfSource, Sampling};
+use hrperf::source::sim::{self, SimConfig, SimSource, Workload};
+use hrperf::source::Source;
+use hrperf_abi::format::{MODE_OVERFLOW, MODE_POLL};
+
+use crate::args::{parse_duration_ns, parse_size, RecordArgs, SourceKind, WorkloadKind};
+use crate::{CliError, CliResult};
+
+/// Default poll interval when no mode is given.
+const DEFAULT_POLL_US: u64 = 1000;
+/// Set by SIGINT/SIGTERM: finish the capture cleanly instead of dying.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_sig: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+fn catch_signals() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe {
+            libc::signal(sig, on_signal as libc::sighandler_t);
+        }
+    }
+}
+
+/// Runs `hrperf record`.
+pub fn run(a: RecordArgs) -> CliResult {
+    let source_kind = match a.source {
+        SourceKind::Auto if Path::new("/dev/hrperf").exists() => SourceKind::Kmod,
+        SourceKind::Auto => SourceKind::Perf,
+        k => k,
+    };
+    let duration_ns = a.duration.as_deref().map(parse_duration_ns).transpose()?;
+    let data_size = a.buffer_size.as_deref().map(parse_size).transpose()?.unwrap_or(0);
+    let mut opts = RecordOptions {
+        format: a.format.clone(),
+        data_size,
+        drain_interval_ns: a.drain_ms.map_or(0, |ms| ms.saturating_mul(1_000_000)),
+        wake_on_notify: a.drain_ms.is_none(),
+        duration_ns,
+        command: a.command.clone(),
+        host_info: true,
+        sim_config: String::new(),
+    };
+
+    let mut source: Box<dyn Source> = match source_kind {
+        SourceKind::Sim => {
+            let cfg = sim_config(&a, duration_ns)?;
+            opts.sim_config = cfg.describe();
+            opts.host_info = false; // a sim capture is reproducible byte for byte
+            opts.duration_ns = None; // the simulator stops at its own virtual duration
+            Box::new(SimSource::new(cfg)?)
+        }
+        SourceKind::Perf => {
+            let events = perf::parse_events(a.events.as_deref().unwrap_or("cpu-clock,task-clock,page-faults"))?;
+            let sampling = match (a.period, a.freq, a.poll_us) {
+                (Some(0), _, _) | (_, Some(0), _) | (_, _, Some(0)) => {
+                    return Err(CliError("-c, -F and --poll-us take a positive number".into()))
+                }
+                (Some(p), _, _) => Sampling::Period(p),
+                (_, Some(f), _) => Sampling::Freq(f),
+                (_, _, p) => Sampling::Poll { interval_ns: p.unwrap_or(DEFAULT_POLL_US).saturating_mul(1000) },
+            };
+            let cpus = a.cpus.as_deref().map(perf::parse_cpu_list).transpose()?;
+            if a.command.is_empty() && !a.all_cpus && cpus.is_some() && duration_ns.is_none() {
+                eprintln!("hrperf: recording CPUs until Ctrl-C (or give --duration)");
+            }
+            if a.command.is_empty() && a.all_cpus && duration_ns.is_none() {
+                eprintln!("hrperf: recording all CPUs until Ctrl-C (or give --duration)");
+            }
+            let cfg = PerfConfig::from_cli(events, sampling, a.all_cpus, cpus, a.command.clone())?;
+            let src = PerfSource::new(cfg)?;
+            for note in src.notes() {
+                eprintln!("hrperf: note: {note}");
+            }
+            Box::new(src)
+        }
+        SourceKind::Kmod => {
+            return Err(CliError(
+                "the kmod source (/dev/hrperf) is not supported by this build of hrperf; use --source perf or --source sim"
+                    .into(),
+            ))
+        }
+        SourceKind::Auto => unreachable!("auto was resolved above"),
+    };
+
+    catch_signals();
+    let tty = std::io::stderr().is_terminal() && !a.quiet;
+    let mut live = |l: &Live| {
+        if tty {
+            eprint!(
+                "\r\x1b[K[hrperf] {:.1} s  samples {}  records {}  drops {}  {}",
+                l.elapsed_ns as f64 / 1e9,
+                l.samples,
+                l.records,
+                l.drops,
+                human_bytes(l.bytes)
+            );
+            let _ = std::io::stderr().flush();
+        }
+    };
+    let summary = record_to_file(source.as_mut(), &opts, &a.output, &STOP, &mut live)?;
+    if tty {
+        eprint!("\r\x1b[K");
+    }
+    if !a.quiet {
+        print_summary(&a.output, &summary);
+    }
+    Ok(exit_code(summary.exit_status))
+}
+
+fn sim_config(a: &RecordArgs, duration_ns: Option<u64>) -> Result<SimConfig, CliError> {
+    if !a.command.is_empty() {
+        return Err(CliError(
+            "the sim source runs its own simulated workload; drop the command, or record it with --source perf".into(),
+        ));
+    }
+    if a.all_cpus || a.cpus.is_some() {
+        return Err(CliError("the sim source simulates --sim-cpus CPUs; -a and -C do not apply".into()));
+    }
+    let events = sim::parse_events(a.events.as_deref().unwrap_or("cycles,instructions,llc-misses"))?;
+    let mut cfg = SimConfig::new(events);
+    cfg.seed = a.seed;
+    cfg.cpus = a.sim_cpus;
+    cfg.width = a.counter_width;
+    cfg.workload = match a.workload {
+        WorkloadKind::Phases => Workload::Phases,
+        WorkloadKind::Steady => Workload::Steady,
+    };
+    cfg.duration_ns = duration_ns.unwrap_or(100_000_000);
+    if a.freq.is_some() {
+        return Err(CliError("the sim source samples by period: use -c PERIOD instead of -F".into()));
+    }
+    match (a.period, a.poll_us) {
+        (Some(p), _) => {
+            cfg.mode = MODE_OVERFLOW;
+            cfg.period = p;
+        }
+        (None, p) => {
+            cfg.mode = MODE_POLL;
+            cfg.poll_interval_ns = p.unwrap_or(DEFAULT_POLL_US).saturating_mul(1000);
+        }
+    }
+    Ok(cfg)
+}
+
+fn print_summary(path: &Path, s: &RecordSummary) {
+    let cpus = s.per_cpu.len();
+    eprintln!(
+        "[hrperf] wrote {}: {} records from {} CPU{} in {:.3} s, {}",
+        path.display(),
+        s.records,
+        cpus,
+        if cpus == 1 { "" } else { "s" },
+        s.elapsed_ns as f64 / 1e9,
+        human_bytes(s.bytes)
+    );
+    if s.drops > 0 {
+        eprintln!(
+            "[hrperf] WARNING: {} records dropped because a CPU buffer was full (marked by LOST records); enlarge it with --buffer-size",
+            s.drops
+        );
+    }
+    if s.source_lost > 0 {
+        eprintln!("[hrperf] WARNING: {} samples lost by the source before hrperf saw them", s.source_lost);
+    }
+    if s.masked > 0 {
+        eprintln!("[hrperf] note: {} samples arrived while the format had masked a CPU", s.masked);
+    }
+    if s.multi_wraps > 0 {
+        eprintln!(
+            "[hrperf] WARNING: {} samples may hide a second counter wrap (flagged multi_wrap; their deltas are lower bounds)",
+            s.multi_wraps
+        );
+    }
+}
+
+/// The command's status as ours: its exit code, or 128+signal like a shell.
+fn exit_code(status: i32) -> ExitCode {
+    let code = if status < 0 { 128 + (-status).min(127) } else { status.min(255) };
+    ExitCode::from(code as u8)
+}
+
+fn human_bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
+        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        n => format!("{n} B"),
+    }
+}
