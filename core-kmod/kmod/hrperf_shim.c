@@ -35,6 +35,8 @@
 #include <linux/vmalloc.h>
 #include <linux/wait.h>
 
+#include "hrperf_shim.h"
+
 /* ---- module parameters ------------------------------------------------------ */
 
 static ushort dev_mode = 0600;
@@ -56,43 +58,6 @@ MODULE_PARM_DESC(poll_us, "default poll interval in microseconds (poll mode)");
 const char *hrperf_shim_param_mode(void) { return mode ? mode : ""; }
 u32 hrperf_shim_param_poll_us(void) { return poll_us; }
 
-/* ---- the Rust side ------------------------------------------------------------ */
-
-struct hrperf_file;
-
-/* What the overflow trampoline hands to Rust (struct OverflowInfo in shim.rs). */
-struct hrperf_ovf {
-	u64 ip;
-	u64 time_ns;
-	u32 pid;
-	u32 tid;
-	u32 kernel;
-	u32 reserved;
-};
-
-/* The counter description Rust passes (struct CounterAttr in shim.rs). */
-struct hrperf_counter_attr {
-	u32 type;
-	u32 exclude_user;
-	u32 exclude_kernel;
-	u32 precise_ip;
-	u64 config;
-	u64 config1;
-	u64 config2;
-	u64 sample_period;
-};
-
-int hrperf_rs_open(struct hrperf_file *hf, void **rs);
-void hrperf_rs_release(void *rs);
-long hrperf_rs_ioctl(void *rs, unsigned int cmd, unsigned long arg);
-int hrperf_rs_mmap(void *rs, struct vm_area_struct *vma, unsigned long start,
-		   unsigned long len, unsigned long pgoff);
-int hrperf_rs_poll(void *rs);
-void hrperf_rs_overflow(void *ctx, const struct hrperf_ovf *o);
-
-struct hrperf_format_ops;
-int hrperf_register_format(const struct hrperf_format_ops *ops);
-int hrperf_unregister_format(const struct hrperf_format_ops *ops);
 EXPORT_SYMBOL_GPL(hrperf_register_format);
 EXPORT_SYMBOL_GPL(hrperf_unregister_format);
 

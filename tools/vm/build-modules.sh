@@ -8,7 +8,7 @@ cd "$REPO"   # so dirs and globs below are repo-relative
 
 # The core goes first: format modules link against its Module.symvers.
 CORE_DIR=core-kmod/kmod
-MODULE_DIRS=(tools/vm/selftest)   # later: "$CORE_DIR" formats/*/kmod
+MODULE_DIRS=("$CORE_DIR" formats/delta/kmod)   # tools/vm/selftest: toolchain check only
 (($#)) && MODULE_DIRS=("$@")
 
 KDIR=$("$VM_DIR/build-kernel.sh" | tail -n1)
@@ -27,7 +27,11 @@ for dir in "${MODULE_DIRS[@]}"; do
     fi
     log "modules: building $dir"
     start=$SECONDS
-    make -C "$KDIR" M="$TREE/$dir" "${KMAKE[@]}" "${extra[@]}" modules >&2
+    # The modules must build warning-free (rustc, gcc, objtool, modpost).
+    out=$(make -C "$KDIR" M="$TREE/$dir" "${KMAKE[@]}" "${extra[@]}" modules 2>&1) \
+        || { echo "$out" >&2; die "modules: $dir failed to build"; }
+    echo "$out" >&2
+    ! grep -qi 'warning' <<<"$out" || die "modules: $dir built with warnings (see above)"
     log "modules: $dir built in $((SECONDS - start)) s"
     ls "$TREE/$dir"/*.ko
 done

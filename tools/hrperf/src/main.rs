@@ -36,15 +36,10 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
-        Err(CliError(msg)) if is_broken_pipe(&msg) => ExitCode::SUCCESS,
         Err(CliError(msg)) => {
             let _ = io::stdout().flush();
             eprintln!("hrperf: error: {msg}");
             ExitCode::from(2)
         }
     }
-}
-
-fn is_broken_pipe(msg: &str) -> bool {
-    msg.contains("Broken pipe")
 }

@@ -28,7 +28,7 @@ fn catch_signals() {
     for sig in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         unsafe {
-            libc::signal(sig, on_signal as libc::sighandler_t);
+            libc::signal(sig, on_signal as *const () as libc::sighandler_t);
         }
     }
 }

@@ -21,19 +21,21 @@
 //!   workload ends (or after [`PerfSource::stop`]) one final read of every CPU makes the
 //!   totals complete.
 //!
-//! Raw values are the kernel's 64-bit counts, cumulative since the counters were enabled.
-//! Which scope they are cumulative over:
+//! Raw values are 64-bit counts, cumulative since the counters were enabled, *per CPU* in
+//! every mode (what the engine expects of a counter):
 //!
-//! - poll samples: the CPU's group (for [`Target::Command`] the command and all its
-//!   descendants on that CPU, children folded in by the kernel's `inherit`);
-//! - overflow samples, system-wide: the CPU;
-//! - overflow samples, [`Target::Command`]: the *thread* `tid` on that CPU — with
-//!   `inherit`, Linux 6.12+ reports per-thread values in samples (commit 7e8b255650fc,
-//!   "perf: Support PERF_SAMPLE_READ with inherit"), so deltas must be taken per
-//!   `(cpu, tid)`. Older kernels reject `inherit` with `PERF_SAMPLE_READ` (`EINVAL`); the
-//!   source then opens the counters without `inherit` (only the command's own process is
-//!   counted, not its children) and says so in a note ([`PerfSource::notes`],
-//!   [`PerfSource::inherits`]).
+//! - poll samples and system-wide overflow samples: the kernel's count of the CPU's group
+//!   (for [`Target::Command`] the command and all its descendants on that CPU, children
+//!   folded in by the kernel's `inherit`);
+//! - overflow samples of a [`Target::Command`]: with `inherit`, Linux 6.12+ puts the
+//!   counts of the sampled *thread* on that CPU into each sample (commit 7e8b255650fc,
+//!   "perf: Support PERF_SAMPLE_READ with inherit"; verified on 6.18: the values restart
+//!   from zero for every new process). The source keeps the last values of each
+//!   `(cpu, tid)` and adds each thread's increase to a per-CPU total, so `raw[]` is the
+//!   per-CPU count of the whole command tree as seen at its samples. Older kernels reject
+//!   `inherit` with `PERF_SAMPLE_READ` (`EINVAL`); the source then opens the counters
+//!   without `inherit` (only the command's own process is counted, not the processes it
+//!   starts) and says so in a note ([`PerfSource::notes`], [`PerfSource::inherits`]).
 //!
 //! Targets: [`Target::Command`] forks the command held on a pipe, opens its counters with
 //! `enable_on_exec` (so nothing before its `execve` is counted) and lets it exec in
@@ -67,14 +69,14 @@ mod sys;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
-use std::ptr::NonNull;
 use std::time::Duration;
 
 use hrperf_abi::capture::{CLOCK_MONOTONIC, SOURCE_PERF};
-use hrperf_abi::format::{CTRL_MASK, MODE_OVERFLOW, MODE_POLL, SAMPLE_OVERFLOW, SAMPLE_POLL};
 use hrperf_abi::event::{EVENT_FL_KERNEL_ONLY, EVENT_FL_PRECISE, EVENT_FL_USER_ONLY};
+use hrperf_abi::format::{CTRL_MASK, MODE_OVERFLOW, MODE_POLL, SAMPLE_OVERFLOW, SAMPLE_POLL};
 use hrperf_abi::{MAX_COUNTERS, MAX_CPUS};
 
 pub use events::{known_events, parse_events};
@@ -169,7 +171,13 @@ impl PerfConfig {
 
     /// A configuration with no workload and the default ring size.
     pub fn new(events: Vec<EventSpec>, sampling: Sampling, target: Target) -> PerfConfig {
-        PerfConfig { events, sampling, target, workload: None, mmap_pages: Self::DEFAULT_MMAP_PAGES }
+        PerfConfig {
+            events,
+            sampling,
+            target,
+            workload: None,
+            mmap_pages: Self::DEFAULT_MMAP_PAGES,
+        }
     }
 
     /// The configuration for `hrperf record`'s `-a`, `-C LIST` and `-- CMD...`: `-C` wins
@@ -193,7 +201,10 @@ impl PerfConfig {
                 ))
             }
         };
-        Ok(PerfConfig { workload, ..PerfConfig::new(events, sampling, target) })
+        Ok(PerfConfig {
+            workload,
+            ..PerfConfig::new(events, sampling, target)
+        })
     }
 }
 
@@ -211,13 +222,19 @@ pub fn parse_cpu_list(list: &str) -> Result<Vec<u32>, SourceError> {
             Some((a, b)) => (a.trim(), b.trim()),
             None => (part, part),
         };
-        let lo: u32 = lo.parse().map_err(|_| bad(&format!("'{part}' is not a number or range")))?;
-        let hi: u32 = hi.parse().map_err(|_| bad(&format!("'{part}' is not a number or range")))?;
+        let lo: u32 = lo
+            .parse()
+            .map_err(|_| bad(&format!("'{part}' is not a number or range")))?;
+        let hi: u32 = hi
+            .parse()
+            .map_err(|_| bad(&format!("'{part}' is not a number or range")))?;
         if lo > hi {
             return Err(bad(&format!("range '{part}' is backwards")));
         }
         if hi as usize >= MAX_CPUS {
-            return Err(bad(&format!("CPU {hi} is beyond the {MAX_CPUS} hrperf supports")));
+            return Err(bad(&format!(
+                "CPU {hi} is beyond the {MAX_CPUS} hrperf supports"
+            )));
         }
         cpus.extend(lo..=hi);
     }
@@ -252,12 +269,16 @@ struct Group {
     fds: Vec<i32>,
     /// `PERF_EVENT_IOC_ID` of each fd.
     ids: Vec<u64>,
-    /// Overflow mode: the leader's ring and its mapping (ptr, len).
-    ring: Option<(Ring, NonNull<u8>, usize)>,
+    /// Overflow mode: the leader's ring.
+    ring: Option<Ring>,
     stats: PerfCpuStats,
     masked: bool,
     /// The leader's fd reported `POLLHUP`/`POLLERR` (task gone); not polled any more.
     hup: bool,
+    /// Overflow samples of a task target: last per-thread values seen, by tid.
+    threads: HashMap<u32, [u64; MAX_COUNTERS]>,
+    /// Overflow samples of a task target: per-CPU totals built from them.
+    totals: [u64; MAX_COUNTERS],
 }
 
 impl Group {
@@ -274,7 +295,10 @@ enum Child {
     /// Forked, waiting on the go pipe.
     Held(HeldChild),
     /// Exec'd; `pidfd` if the kernel has `pidfd_open`.
-    Running { pid: i32, pidfd: Option<i32> },
+    Running {
+        pid: i32,
+        pidfd: Option<i32>,
+    },
     Exited(ChildExit),
 }
 
@@ -291,6 +315,8 @@ enum Phase {
 }
 
 /// The perf_event_open source. See the [module documentation](self).
+///
+/// `Send`: it can be moved to a recording thread.
 pub struct PerfSource {
     sys: Box<dyn Sys>,
     info: SourceInfo,
@@ -302,6 +328,8 @@ pub struct PerfSource {
     cmd_text: String,
     /// pid reported in poll samples (the command's, or 0 system-wide).
     target_pid: u32,
+    /// The command's (or workload's) pid once forked.
+    child_pid: Option<u32>,
     /// Whether the counters follow children.
     inherit: bool,
     phase: Phase,
@@ -398,6 +426,7 @@ impl PerfSource {
             child: Child::None,
             cmd_text: command.as_ref().map(|c| c.join(" ")).unwrap_or_default(),
             target_pid: 0,
+            child_pid: None,
             inherit: matches!(config.target, Target::Command(_)),
             phase: Phase::Created,
             next_poll_ns: 0,
@@ -411,13 +440,21 @@ impl PerfSource {
             let child = src
                 .sys
                 .spawn_held(&exec.path, &exec.argv, &exec.envp)
-                .map_err(|source| SourceError::Command { cmd: src.cmd_text.clone(), source })?;
+                .map_err(|source| SourceError::Command {
+                    cmd: src.cmd_text.clone(),
+                    source,
+                })?;
+            src.child_pid = Some(child.pid as u32);
             if matches!(config.target, Target::Command(_)) {
                 src.target_pid = child.pid as u32;
             }
             src.child = Child::Held(child);
         }
-        let pid = if src.target_pid != 0 { src.target_pid as i32 } else { -1 };
+        let pid = if src.target_pid != 0 {
+            src.target_pid as i32
+        } else {
+            -1
+        };
         for &cpu in &cpus {
             src.open_group(&config, pid, cpu)?;
         }
@@ -429,7 +466,10 @@ impl PerfSource {
         let path = self
             .sys
             .find_program(&cmd[0])
-            .map_err(|source| SourceError::Command { cmd: self.cmd_text.clone(), source })?;
+            .map_err(|source| SourceError::Command {
+                cmd: self.cmd_text.clone(),
+                source,
+            })?;
         let argv = cmd
             .iter()
             .map(|a| c_string(a.as_bytes(), "a command argument"))
@@ -503,9 +543,14 @@ impl PerfSource {
             fds: Vec::new(),
             ids: Vec::new(),
             ring: None,
-            stats: PerfCpuStats { cpu, ..PerfCpuStats::default() },
+            stats: PerfCpuStats {
+                cpu,
+                ..PerfCpuStats::default()
+            },
             masked: false,
             hup: false,
+            threads: HashMap::new(),
+            totals: [0; MAX_COUNTERS],
         };
         let result = self.open_group_into(config, pid, cpu, task, &mut group);
         // Keep what was opened even on error: Drop releases it.
@@ -524,7 +569,9 @@ impl PerfSource {
         for (index, ev) in config.events.iter().enumerate() {
             let group_fd = group.fds.first().copied().unwrap_or(-1);
             let mut attr = self.attr(config, index, task);
-            let mut res = self.sys.perf_event_open(&attr, pid, cpu as i32, group_fd, PERF_FLAG_FD_CLOEXEC);
+            let mut res =
+                self.sys
+                    .perf_event_open(&attr, pid, cpu as i32, group_fd, PERF_FLAG_FD_CLOEXEC);
             if let Err(e) = &res {
                 if e.raw_os_error() == Some(libc::EINVAL)
                     && attr.flags & ATTR_INHERIT != 0
@@ -534,7 +581,13 @@ impl PerfSource {
                     // Kernels before 6.12 reject inherit + PERF_SAMPLE_READ. Retry once
                     // without inherit; if that works, every later counter goes without it.
                     attr.flags &= !ATTR_INHERIT;
-                    let retry = self.sys.perf_event_open(&attr, pid, cpu as i32, group_fd, PERF_FLAG_FD_CLOEXEC);
+                    let retry = self.sys.perf_event_open(
+                        &attr,
+                        pid,
+                        cpu as i32,
+                        group_fd,
+                        PERF_FLAG_FD_CLOEXEC,
+                    );
                     if retry.is_ok() {
                         self.inherit = false;
                         self.note(format!(
@@ -548,10 +601,13 @@ impl PerfSource {
             }
             let fd = res.map_err(|e| self.open_error(e, ev, cpu))?;
             group.fds.push(fd);
-            let id = self.sys.event_id(fd).map_err(|source| SourceError::Syscall {
-                call: format!("ioctl(PERF_EVENT_IOC_ID, {}, cpu {cpu})", ev.name),
-                source,
-            })?;
+            let id = self
+                .sys
+                .event_id(fd)
+                .map_err(|source| SourceError::Syscall {
+                    call: format!("ioctl(PERF_EVENT_IOC_ID, {}, cpu {cpu})", ev.name),
+                    source,
+                })?;
             group.ids.push(id);
         }
         if config.sampling.mode() == MODE_OVERFLOW {
@@ -577,10 +633,12 @@ impl PerfSource {
                 unsafe { self.sys.munmap(ptr, len) };
                 return Err(SourceError::Syscall {
                     call: format!("mmap({ev} ring, cpu {cpu})"),
-                    source: io::Error::other("the kernel's ring header has an impossible data_offset/data_size"),
+                    source: io::Error::other(
+                        "the kernel's ring header has an impossible data_offset/data_size",
+                    ),
                 });
             };
-            group.ring = Some((ring, ptr, len));
+            group.ring = Some(ring);
         }
         Ok(())
     }
@@ -601,11 +659,15 @@ impl PerfSource {
                     ev.name.split(':').next().unwrap_or(&ev.name)
                 ))
             }
-            Some(libc::ENOENT) | Some(libc::EOPNOTSUPP) | Some(libc::ENODEV) if needs_pmu(&ev.desc) => {
+            Some(libc::ENOENT) | Some(libc::EOPNOTSUPP) | Some(libc::ENODEV)
+                if needs_pmu(&ev.desc) =>
+            {
                 let devices = self.sys.list_dir("/sys/bus/event_source/devices");
                 let core = ["cpu", "cpu_core", "cpu_atom"];
                 let has_core = devices.as_ref().is_ok_and(|d| {
-                    d.iter().any(|n| core.contains(&n.as_str()) || n.starts_with("armv") || n.starts_with("arm_"))
+                    d.iter().any(|n| {
+                        core.contains(&n.as_str()) || n.starts_with("armv") || n.starts_with("arm_")
+                    })
                 });
                 let errno = if e.raw_os_error() == Some(libc::ENOENT) {
                     "ENOENT"
@@ -641,12 +703,21 @@ impl PerfSource {
         }
     }
 
+    /// Records a note found while opening (the caller shows [`PerfSource::notes`]).
     fn note(&mut self, note: String) {
+        self.notes.push(note);
+    }
+
+    /// Records a note found while recording and prints it to stderr at once: a caller that
+    /// holds the source as a `dyn Source` cannot ask for it.
+    fn runtime_note(&mut self, note: String) {
         eprintln!("hrperf: perf source: {note}");
         self.notes.push(note);
     }
 
-    /// Notes printed to stderr so far (fallbacks taken, throttling seen).
+    /// Notes for the user: fallbacks taken while opening (for the caller to print) and
+    /// what was seen while recording (throttling; those are also printed to stderr when
+    /// they happen).
     pub fn notes(&self) -> &[String] {
         &self.notes
     }
@@ -657,13 +728,9 @@ impl PerfSource {
         self.inherit
     }
 
-    /// The recorded command's pid once forked.
+    /// The pid of the recorded command (or workload) once forked, also after it exited.
     pub fn child_pid(&self) -> Option<u32> {
-        match &self.child {
-            Child::Held(h) => Some(h.pid as u32),
-            Child::Running { pid, .. } => Some(*pid as u32),
-            _ => None,
-        }
+        self.child_pid
     }
 
     /// User + system CPU time (ns) of the recorded command and its reaped descendants,
@@ -712,15 +779,21 @@ impl PerfSource {
 
     fn group_ioctl(&self, i: usize, request: u64) -> Result<(), SourceError> {
         let g = &self.groups[i];
-        self.sys.ioctl(g.fds[0], request, IOC_FLAG_GROUP).map_err(|source| SourceError::Syscall {
-            call: format!(
-                "ioctl(PERF_EVENT_IOC_{}, {} group, cpu {})",
-                if request == IOC_ENABLE { "ENABLE" } else { "DISABLE" },
-                self.info.events[0].name,
-                g.cpu
-            ),
-            source,
-        })
+        self.sys
+            .ioctl(g.fds[0], request, IOC_FLAG_GROUP)
+            .map_err(|source| SourceError::Syscall {
+                call: format!(
+                    "ioctl(PERF_EVENT_IOC_{}, {} group, cpu {})",
+                    if request == IOC_ENABLE {
+                        "ENABLE"
+                    } else {
+                        "DISABLE"
+                    },
+                    self.info.events[0].name,
+                    g.cpu
+                ),
+                source,
+            })
     }
 
     fn set_enabled(&mut self, on: bool) -> Result<(), SourceError> {
@@ -733,15 +806,28 @@ impl PerfSource {
         Ok(())
     }
 
+    /// At the end of a system-wide recording whose workload exited: stop counting before
+    /// the final read/drain. (Task counters stopped with their task; after
+    /// [`PerfSource::stop`] everything is already disabled.)
+    fn end_counting(&mut self) -> Result<(), SourceError> {
+        if self.phase == Phase::Running && self.target_pid == 0 {
+            self.set_enabled(false)?;
+        }
+        Ok(())
+    }
+
     /// Checks (without blocking) whether the command has exited; reaps it if so.
     fn child_exited(&mut self) -> Result<bool, SourceError> {
         let Child::Running { pid, pidfd } = self.child else {
             return Ok(matches!(self.child, Child::Exited(_)));
         };
-        let exit = self.sys.wait_child(pid, true).map_err(|source| SourceError::Syscall {
-            call: format!("wait4({pid})"),
-            source,
-        })?;
+        let exit = self
+            .sys
+            .wait_child(pid, true)
+            .map_err(|source| SourceError::Syscall {
+                call: format!("wait4({pid})"),
+                source,
+            })?;
         match exit {
             Some(e) => {
                 if let Some(fd) = pidfd {
@@ -769,12 +855,19 @@ impl PerfSource {
     fn drain_all(&mut self, out: &mut Vec<RawSample>) {
         let nr = self.info.events.len();
         let layout = self.layout;
+        // Task targets get per-thread values in samples (see the module docs).
+        let per_thread = self.target_pid != 0;
         for g in &mut self.groups {
-            let Some((ring, _, _)) = &g.ring else { continue };
+            let Some(ring) = &g.ring else {
+                continue;
+            };
             let ids = &g.ids;
             let stats = &mut g.stats;
+            let (threads, totals) = (&mut g.threads, &mut g.totals);
             let drained = ring.drain(|rec| {
-                let Some((kind, _, _)) = rec.header() else { return };
+                let Some((kind, _, _)) = rec.header() else {
+                    return;
+                };
                 match kind {
                     PERF_RECORD_SAMPLE => match layout.parse(&rec) {
                         Some(s) => {
@@ -783,6 +876,16 @@ impl PerfSource {
                                 let at = ids.iter().position(|&id| id == s.ids[i]).unwrap_or(i);
                                 if at < MAX_COUNTERS {
                                     raw[at] = s.values[i];
+                                }
+                            }
+                            if per_thread {
+                                let last = threads.entry(s.tid).or_insert([0; MAX_COUNTERS]);
+                                for i in 0..nr {
+                                    // Lower than before: a new thread that reuses the tid.
+                                    let delta = raw[i].checked_sub(last[i]).unwrap_or(raw[i]);
+                                    last[i] = raw[i];
+                                    totals[i] = totals[i].wrapping_add(delta);
+                                    raw[i] = totals[i];
                                 }
                             }
                             let mode = s.misc & MISC_CPUMODE_MASK;
@@ -817,7 +920,9 @@ impl PerfSource {
     /// Counts what is still in the rings as lost (finish without a final drain).
     fn discard_rings(&mut self) {
         for g in &mut self.groups {
-            let Some((ring, _, _)) = &g.ring else { continue };
+            let Some(ring) = &g.ring else {
+                continue;
+            };
             let stats = &mut g.stats;
             ring.drain(|rec| match rec.header().map(|h| h.0) {
                 Some(PERF_RECORD_SAMPLE) => stats.lost += 1,
@@ -836,10 +941,16 @@ impl PerfSource {
                 continue;
             }
             let fd = self.groups[gi].fds[0];
-            let n = self.sys.read(fd, &mut self.read_buf).map_err(|source| SourceError::Syscall {
-                call: format!("read({} group, cpu {})", self.info.events[0].name, self.groups[gi].cpu),
-                source,
-            })?;
+            let n =
+                self.sys
+                    .read(fd, &mut self.read_buf)
+                    .map_err(|source| SourceError::Syscall {
+                        call: format!(
+                            "read({} group, cpu {})",
+                            self.info.events[0].name, self.groups[gi].cpu
+                        ),
+                        source,
+                    })?;
             let time_ns = self.sys.now_ns();
             let g = &mut self.groups[gi];
             let word = |i: usize| -> Option<u64> {
@@ -889,7 +1000,11 @@ impl PerfSource {
         if self.has_running_child() {
             match self.pidfd() {
                 Some(fd) if until_ns - now > 2_000_000 => {
-                    let mut p = [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }];
+                    let mut p = [libc::pollfd {
+                        fd,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    }];
                     let ms = ((until_ns - now) / 1_000_000 - 1).min(i32::MAX as u64) as i32;
                     self.poll(&mut p, ms)?;
                     if p[0].revents != 0 {
@@ -910,14 +1025,25 @@ impl PerfSource {
     fn poll(&self, fds: &mut [libc::pollfd], timeout_ms: i32) -> Result<usize, SourceError> {
         self.sys
             .poll(fds, timeout_ms)
-            .map_err(|source| SourceError::Syscall { call: "poll(perf fds)".into(), source })
+            .map_err(|source| SourceError::Syscall {
+                call: "poll(perf fds)".into(),
+                source,
+            })
     }
 
-    fn next_poll(&mut self, out: &mut Vec<RawSample>, timeout: Duration) -> Result<Progress, SourceError> {
+    fn next_poll(
+        &mut self,
+        out: &mut Vec<RawSample>,
+        timeout: Duration,
+    ) -> Result<Progress, SourceError> {
         let interval = self.info.poll_interval_ns;
-        let until = self.sys.now_ns().saturating_add(timeout.as_nanos().min(u64::MAX as u128) as u64);
+        let until = self
+            .sys
+            .now_ns()
+            .saturating_add(timeout.as_nanos().min(u64::MAX as u128) as u64);
         loop {
             if self.phase == Phase::Stopping || self.child_exited()? {
+                self.end_counting()?;
                 self.read_all(out)?;
                 self.phase = Phase::Drained;
                 return Ok(Progress::Finished);
@@ -942,13 +1068,21 @@ impl PerfSource {
         }
     }
 
-    fn next_overflow(&mut self, out: &mut Vec<RawSample>, timeout: Duration) -> Result<Progress, SourceError> {
-        let until = self.sys.now_ns().saturating_add(timeout.as_nanos().min(u64::MAX as u128) as u64);
+    fn next_overflow(
+        &mut self,
+        out: &mut Vec<RawSample>,
+        timeout: Duration,
+    ) -> Result<Progress, SourceError> {
+        let until = self
+            .sys
+            .now_ns()
+            .saturating_add(timeout.as_nanos().min(u64::MAX as u128) as u64);
         loop {
             let before = out.len();
             self.drain_all(out);
             if self.phase == Phase::Stopping || self.child_exited()? {
-                // Whatever the kernel wrote before the command ended is in the rings now.
+                self.end_counting()?;
+                // Whatever the kernel wrote before the end is in the rings now.
                 self.drain_all(out);
                 self.phase = Phase::Drained;
                 self.report_throttling();
@@ -963,10 +1097,18 @@ impl PerfSource {
                 .groups
                 .iter()
                 .filter(|g| !g.hup)
-                .map(|g| libc::pollfd { fd: g.fds[0], events: libc::POLLIN, revents: 0 })
+                .map(|g| libc::pollfd {
+                    fd: g.fds[0],
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
                 .collect();
             match self.pidfd() {
-                Some(fd) => fds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 }),
+                Some(fd) => fds.push(libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                }),
                 None if self.has_running_child() => wait_ns = wait_ns.min(CHILD_CHECK_NS),
                 None => {}
             }
@@ -990,7 +1132,7 @@ impl PerfSource {
             .map(|g| format!("cpu {}: {}x", g.cpu, g.stats.throttles))
             .collect();
         if !throttled.is_empty() {
-            self.note(format!(
+            self.runtime_note(format!(
                 "the kernel throttled sampling ({}); samples are missing while throttled — use \
                  a longer period or raise /proc/sys/kernel/perf_event_max_sample_rate",
                 throttled.join(", ")
@@ -1007,9 +1149,11 @@ impl PerfSource {
                 Ok(e.status)
             }
             Child::Held(h) => {
-                // Never started: closing the go pipe makes it _exit(127) without exec.
+                // Never started: it must not run. Closing the go pipe makes it _exit(127),
+                // but another thread's held child may hold a copy of the pipe, so kill too.
                 self.sys.close(h.go_fd);
                 self.sys.close(h.err_fd);
+                let _ = self.sys.kill(h.pid, libc::SIGKILL);
                 let e = self.wait_blocking(h.pid)?;
                 self.child = Child::Exited(e);
                 Ok(0)
@@ -1044,7 +1188,10 @@ impl PerfSource {
     fn wait_blocking(&self, pid: i32) -> Result<ChildExit, SourceError> {
         self.sys
             .wait_child(pid, false)
-            .map_err(|source| SourceError::Syscall { call: format!("wait4({pid})"), source })?
+            .map_err(|source| SourceError::Syscall {
+                call: format!("wait4({pid})"),
+                source,
+            })?
             .ok_or_else(|| SourceError::Syscall {
                 call: format!("wait4({pid})"),
                 source: io::Error::other("blocking wait returned no status"),
@@ -1058,22 +1205,35 @@ fn validate(c: &PerfConfig) -> Result<(), SourceError> {
         return bad("no events given (try -e cpu-clock)".into());
     }
     if c.events.len() > MAX_COUNTERS {
-        return bad(format!("too many events: at most {MAX_COUNTERS}, got {}", c.events.len()));
+        return bad(format!(
+            "too many events: at most {MAX_COUNTERS}, got {}",
+            c.events.len()
+        ));
     }
     match c.sampling {
         Sampling::Period(0) => return bad("the sampling period must be at least 1".into()),
         Sampling::Freq(0) => return bad("the sampling frequency must be at least 1 Hz".into()),
-        Sampling::Poll { interval_ns: 0 } => return bad("the poll interval must be at least 1 ns".into()),
+        Sampling::Poll { interval_ns: 0 } => {
+            return bad("the poll interval must be at least 1 ns".into())
+        }
         _ => {}
     }
-    if c.sampling.mode() == MODE_OVERFLOW && (!c.mmap_pages.is_power_of_two() || c.mmap_pages > 1 << 20) {
-        return bad(format!("mmap pages must be a power of two (1, 2, 4, ...), got {}", c.mmap_pages));
+    if c.sampling.mode() == MODE_OVERFLOW
+        && (!c.mmap_pages.is_power_of_two() || c.mmap_pages > 1 << 20)
+    {
+        return bad(format!(
+            "mmap pages must be a power of two (1, 2, 4, ...), got {}",
+            c.mmap_pages
+        ));
     }
     match (&c.target, &c.workload) {
-        (Target::Command(cmd), None) if cmd.is_empty() || cmd[0].is_empty() => bad("empty command".into()),
-        (Target::Command(_), Some(_)) => {
-            bad("a workload command goes with a system-wide or CPU-list target, not a command target".into())
+        (Target::Command(cmd), None) if cmd.is_empty() || cmd[0].is_empty() => {
+            bad("empty command".into())
         }
+        (Target::Command(_), Some(_)) => bad(
+            "a workload command goes with a system-wide or CPU-list target, not a command target"
+                .into(),
+        ),
         (_, Some(w)) if w.is_empty() || w[0].is_empty() => bad("empty workload command".into()),
         (Target::Cpus(list), _) if list.is_empty() => bad("empty CPU list".into()),
         _ => Ok(()),
@@ -1081,7 +1241,10 @@ fn validate(c: &PerfConfig) -> Result<(), SourceError> {
 }
 
 fn cpu_list_text(cpus: &[u32]) -> String {
-    cpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+    cpus.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// `/proc/cpuinfo`'s first "model name", else "unknown".
@@ -1105,7 +1268,9 @@ impl Source for PerfSource {
 
     fn start(&mut self) -> Result<(), SourceError> {
         if self.phase != Phase::Created {
-            return Err(SourceError::Config("the perf source was already started".into()));
+            return Err(SourceError::Config(
+                "the perf source was already started".into(),
+            ));
         }
         let now = self.sys.now_ns();
         self.info.start_time_ns = now;
@@ -1124,7 +1289,10 @@ impl Source for PerfSource {
                 let exit = self.wait_blocking(h.pid)?;
                 self.child = Child::Exited(exit);
                 self.phase = Phase::Drained;
-                return Err(SourceError::Command { cmd: self.cmd_text.clone(), source });
+                return Err(SourceError::Command {
+                    cmd: self.cmd_text.clone(),
+                    source,
+                });
             }
             let pidfd = self.sys.pidfd_open(h.pid).ok();
             self.child = Child::Running { pid: h.pid, pidfd };
@@ -1136,7 +1304,11 @@ impl Source for PerfSource {
     /// Appends samples; returns [`Progress::Finished`] (with the last samples appended in
     /// the same call) once the command has exited or [`PerfSource::stop`] was called, and
     /// everything is drained.
-    fn next(&mut self, out: &mut Vec<RawSample>, timeout: Duration) -> Result<Progress, SourceError> {
+    fn next(
+        &mut self,
+        out: &mut Vec<RawSample>,
+        timeout: Duration,
+    ) -> Result<Progress, SourceError> {
         match self.phase {
             Phase::Created => Err(SourceError::Config("next() before start()".into())),
             Phase::Drained | Phase::Closed => Ok(Progress::Finished),
@@ -1187,9 +1359,10 @@ impl Source for PerfSource {
 impl Drop for PerfSource {
     fn drop(&mut self) {
         for g in self.groups.drain(..) {
-            if let Some((_, ptr, len)) = g.ring {
-                // SAFETY: `ptr`/`len` are this group's mapping; its Ring is never used again
-                // (the group is being dropped).
+            if let Some(ring) = g.ring {
+                let (ptr, len) = ring.mapping();
+                // SAFETY: `ptr`/`len` are this group's mapping; its Ring was consumed by
+                // `mapping()`, so nothing uses the mapping any more.
                 unsafe { self.sys.munmap(ptr, len) };
             }
             for fd in g.fds {
@@ -1200,6 +1373,7 @@ impl Drop for PerfSource {
             Child::Held(h) => {
                 self.sys.close(h.go_fd);
                 self.sys.close(h.err_fd);
+                let _ = self.sys.kill(h.pid, libc::SIGKILL);
                 let _ = self.sys.wait_child(h.pid, false);
             }
             Child::Running { pid, pidfd } => {
@@ -1214,3 +1388,8 @@ impl Drop for PerfSource {
         }
     }
 }
+
+const _: () = {
+    const fn assert_send<T: Send>() {}
+    assert_send::<PerfSource>();
+};

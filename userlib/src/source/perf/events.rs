@@ -2,8 +2,8 @@
 //! hardware and software tables; `PERF_COUNT_HW_*`/`PERF_COUNT_SW_*` in `perf_event.h`).
 
 use hrperf_abi::event::{
-    EVENT_FL_KERNEL_ONLY, EVENT_FL_PRECISE, EVENT_FL_USER_ONLY, EVENT_TYPE_HARDWARE, EVENT_TYPE_RAW,
-    EVENT_TYPE_SOFTWARE,
+    EVENT_FL_KERNEL_ONLY, EVENT_FL_PRECISE, EVENT_FL_USER_ONLY, EVENT_TYPE_HARDWARE,
+    EVENT_TYPE_RAW, EVENT_TYPE_SOFTWARE,
 };
 use hrperf_abi::{EventDesc, MAX_COUNTERS};
 
@@ -17,11 +17,19 @@ struct Named {
 }
 
 const fn sw(names: &'static [&'static str], config: u64) -> Named {
-    Named { names, kind: EVENT_TYPE_SOFTWARE, config }
+    Named {
+        names,
+        kind: EVENT_TYPE_SOFTWARE,
+        config,
+    }
 }
 
 const fn hw(names: &'static [&'static str], config: u64) -> Named {
-    Named { names, kind: EVENT_TYPE_HARDWARE, config }
+    Named {
+        names,
+        kind: EVENT_TYPE_HARDWARE,
+        config,
+    }
 }
 
 /// perf's generic event names.
@@ -75,7 +83,9 @@ pub fn needs_pmu(desc: &EventDesc) -> bool {
 pub fn parse_event(spec: &str) -> Result<EventSpec, SourceError> {
     let name = spec.trim();
     if name.is_empty() {
-        return Err(SourceError::Config("empty event name in the event list".into()));
+        return Err(SourceError::Config(
+            "empty event name in the event list".into(),
+        ));
     }
     let (base, modifiers) = match name.split_once(':') {
         Some((b, m)) => (b, m),
@@ -121,7 +131,13 @@ pub fn parse_event(spec: &str) -> Result<EventSpec, SourceError> {
     }
     Ok(EventSpec {
         name: name.to_string(),
-        desc: EventDesc { kind, flags, config, config1: 0, config2: 0 },
+        desc: EventDesc {
+            kind,
+            flags,
+            config,
+            config1: 0,
+            config2: 0,
+        },
     })
 }
 
@@ -134,7 +150,9 @@ pub fn parse_event(spec: &str) -> Result<EventSpec, SourceError> {
 /// ([`SourceError::NoPmu`]).
 pub fn parse_events(list: &str) -> Result<Vec<EventSpec>, SourceError> {
     if list.trim().is_empty() {
-        return Err(SourceError::Config("empty event list (try -e cpu-clock)".into()));
+        return Err(SourceError::Config(
+            "empty event list (try -e cpu-clock)".into(),
+        ));
     }
     let mut out: Vec<EventSpec> = Vec::new();
     for part in list.split(',') {
@@ -171,17 +189,32 @@ mod tests {
     #[test]
     fn modifiers() {
         let e = parse_event("cycles:upp").unwrap();
-        assert_eq!(e.desc.flags, EVENT_FL_USER_ONLY | EVENT_FL_PRECISE | (2 << 8));
-        assert_eq!(parse_event("task-clock:k").unwrap().desc.flags, EVENT_FL_KERNEL_ONLY);
+        assert_eq!(
+            e.desc.flags,
+            EVENT_FL_USER_ONLY | EVENT_FL_PRECISE | (2 << 8)
+        );
+        assert_eq!(
+            parse_event("task-clock:k").unwrap().desc.flags,
+            EVENT_FL_KERNEL_ONLY
+        );
         assert_eq!(parse_event("task-clock:uk").unwrap().desc.flags, 0);
-        assert!(matches!(parse_event("cycles:x"), Err(SourceError::Config(_))));
-        assert!(matches!(parse_event("cycles:pppp"), Err(SourceError::Config(_))));
+        assert!(matches!(
+            parse_event("cycles:x"),
+            Err(SourceError::Config(_))
+        ));
+        assert!(matches!(
+            parse_event("cycles:pppp"),
+            Err(SourceError::Config(_))
+        ));
     }
 
     #[test]
     fn errors() {
         assert!(matches!(parse_events(""), Err(SourceError::Config(_))));
-        assert!(matches!(parse_events("cpu-clock,,task-clock"), Err(SourceError::Config(_))));
+        assert!(matches!(
+            parse_events("cpu-clock,,task-clock"),
+            Err(SourceError::Config(_))
+        ));
         let dup = parse_events("page-faults,faults").unwrap_err().to_string();
         assert!(dup.contains("twice"), "{dup}");
         let many = parse_events(
@@ -197,8 +230,17 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert!(matches!(parse_event("rxyz"), Err(SourceError::UnknownEvent { .. })));
-        assert!(matches!(parse_event("r"), Err(SourceError::UnknownEvent { .. })));
-        assert!(matches!(parse_event("r11112222333344445"), Err(SourceError::UnknownEvent { .. })));
+        assert!(matches!(
+            parse_event("rxyz"),
+            Err(SourceError::UnknownEvent { .. })
+        ));
+        assert!(matches!(
+            parse_event("r"),
+            Err(SourceError::UnknownEvent { .. })
+        ));
+        assert!(matches!(
+            parse_event("r11112222333344445"),
+            Err(SourceError::UnknownEvent { .. })
+        ));
     }
 }

@@ -63,12 +63,18 @@ impl FakeSys {
     /// Two online CPUs, no hardware PMU, a child that runs for 3 checks and exits 0.
     pub fn new() -> Arc<FakeSys> {
         let mut files = HashMap::new();
-        files.insert("/sys/devices/system/cpu/online".to_string(), "0-1\n".to_string());
+        files.insert(
+            "/sys/devices/system/cpu/online".to_string(),
+            "0-1\n".to_string(),
+        );
         files.insert(
             "/proc/cpuinfo".to_string(),
             "processor\t: 0\nmodel name\t: Fake CPU @ 1GHz\n".to_string(),
         );
-        files.insert("/proc/sys/kernel/perf_event_paranoid".to_string(), "2\n".to_string());
+        files.insert(
+            "/proc/sys/kernel/perf_event_paranoid".to_string(),
+            "2\n".to_string(),
+        );
         let mut dirs = HashMap::new();
         dirs.insert(
             "/sys/bus/event_source/devices".to_string(),
@@ -117,7 +123,14 @@ pub fn id_of(fd: i32) -> u64 {
 }
 
 impl<T: Sys + ?Sized> Sys for Arc<T> {
-    fn perf_event_open(&self, a: &PerfEventAttr, pid: i32, cpu: i32, g: i32, f: u64) -> io::Result<i32> {
+    fn perf_event_open(
+        &self,
+        a: &PerfEventAttr,
+        pid: i32,
+        cpu: i32,
+        g: i32,
+        f: u64,
+    ) -> io::Result<i32> {
         (**self).perf_event_open(a, pid, cpu, g, f)
     }
     fn ioctl(&self, fd: i32, request: u64, arg: u64) -> io::Result<()> {
@@ -191,7 +204,14 @@ impl Sys for FakeSys {
             Some(e) => Err(e),
             None => Ok(self.fd()),
         };
-        self.state().opens.push(Open { attr: *attr, pid, cpu, group_fd, flags, result });
+        self.state().opens.push(Open {
+            attr: *attr,
+            pid,
+            cpu,
+            group_fd,
+            flags,
+            result,
+        });
         result.map_err(io::Error::from_raw_os_error)
     }
 
@@ -227,7 +247,11 @@ impl Sys for FakeSys {
             .iter()
             .filter_map(|o| o.result.ok().filter(|&f| f == fd || o.group_fd == fd))
             .collect();
-        let values = s.values.get(&fd).cloned().unwrap_or_else(|| vec![clock; members.len()]);
+        let values = s
+            .values
+            .get(&fd)
+            .cloned()
+            .unwrap_or_else(|| vec![clock; members.len()]);
         let mut words = vec![members.len() as u64];
         for (i, m) in members.iter().enumerate() {
             words.push(values.get(i).copied().unwrap_or(0));
@@ -281,10 +305,23 @@ impl Sys for FakeSys {
         CString::new(format!("/bin/{name}")).map_err(io::Error::other)
     }
 
-    fn spawn_held(&self, _path: &CStr, argv: &[CString], _envp: &[CString]) -> io::Result<HeldChild> {
+    fn spawn_held(
+        &self,
+        _path: &CStr,
+        argv: &[CString],
+        _envp: &[CString],
+    ) -> io::Result<HeldChild> {
         let (go_fd, err_fd) = (self.fd(), self.fd());
-        self.state().spawned.push(argv.iter().map(|a| a.to_string_lossy().into_owned()).collect());
-        Ok(HeldChild { pid: CHILD_PID, go_fd, err_fd })
+        self.state().spawned.push(
+            argv.iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
+        );
+        Ok(HeldChild {
+            pid: CHILD_PID,
+            go_fd,
+            err_fd,
+        })
     }
 
     fn release_child(&self, _child: &HeldChild) -> io::Result<()> {
@@ -307,7 +344,10 @@ impl Sys for FakeSys {
             s.child_runs_for -= 1;
             return Ok(None);
         }
-        Ok(Some(ChildExit { status: s.child_status, cpu_time_ns: 5_000_000 }))
+        Ok(Some(ChildExit {
+            status: s.child_status,
+            cpu_time_ns: 5_000_000,
+        }))
     }
 
     fn kill(&self, pid: i32, signal: i32) -> io::Result<()> {

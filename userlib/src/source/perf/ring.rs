@@ -114,6 +114,7 @@ pub struct DrainStats {
 #[derive(Debug)]
 pub struct Ring {
     base: NonNull<u8>,
+    len: usize,
     data_offset: usize,
     data_size: usize,
 }
@@ -140,13 +141,29 @@ impl Ring {
             )
         };
         // Kernels before 4.1 leave both zero: data starts after the first page.
-        let (data_offset, data_size) =
-            if size == 0 { (page_size, len.checked_sub(page_size)?) } else { (off, size) };
-        if !data_size.is_power_of_two() || data_size < 8 || data_offset.checked_add(data_size)? > len {
+        let (data_offset, data_size) = if size == 0 {
+            (page_size, len.checked_sub(page_size)?)
+        } else {
+            (off, size)
+        };
+        if !data_size.is_power_of_two()
+            || data_size < 8
+            || data_offset.checked_add(data_size)? > len
+        {
             return None;
         }
         // INVARIANT: checked above; the mapping's lifetime is the caller's promise.
-        Some(Ring { base, data_offset, data_size })
+        Some(Ring {
+            base,
+            len,
+            data_offset,
+            data_size,
+        })
+    }
+
+    /// Gives up the ring, returning its mapping `(ptr, len)` for `munmap`.
+    pub fn mapping(self) -> (NonNull<u8>, usize) {
+        (self.base, self.len)
     }
 
     fn word(&self, off: usize) -> &AtomicU64 {
@@ -199,7 +216,9 @@ impl Ring {
         while tail != head {
             let avail = head.wrapping_sub(tail);
             let size = if avail >= 8 && avail <= self.data_size as u64 {
-                self.record_at(tail, 8).header().map_or(0, |h| u64::from(h.2))
+                self.record_at(tail, 8)
+                    .header()
+                    .map_or(0, |h| u64::from(h.2))
             } else {
                 0
             };
@@ -295,7 +314,10 @@ impl SampleLayout {
     /// Decodes a `PERF_RECORD_SAMPLE`; `None` if it is shorter than the layout says.
     pub fn parse(&self, rec: &Record<'_>) -> Option<Sample> {
         let (_, misc, _) = rec.header()?;
-        let mut s = Sample { misc, ..Sample::default() };
+        let mut s = Sample {
+            misc,
+            ..Sample::default()
+        };
         let get = |off: Option<usize>| off.map_or(Some(0), |o| rec.u64_at(o));
         s.ip = get(self.ip)?;
         if let Some(o) = self.tid {
@@ -344,7 +366,10 @@ pub(crate) mod tests {
 
     impl FakeRing {
         pub fn new(page: usize, data_pages: usize) -> FakeRing {
-            let mut r = FakeRing { buf: vec![0; page * (1 + data_pages) / 8], page };
+            let mut r = FakeRing {
+                buf: vec![0; page * (1 + data_pages) / 8],
+                page,
+            };
             r.buf[MMAP_DATA_OFFSET / 8] = page as u64;
             r.buf[MMAP_DATA_SIZE / 8] = (page * data_pages) as u64;
             r
@@ -384,6 +409,10 @@ pub(crate) mod tests {
     }
 
     /// Builds a `PERF_RECORD_SAMPLE` for IP|TID|TIME|ADDR|CPU|PERIOD|READ with GROUP|ID.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one argument per sample field, test only"
+    )]
     pub(crate) fn sample_record(
         misc: u16,
         ip: u64,
@@ -440,10 +469,21 @@ pub(crate) mod tests {
         let l = SampleLayout::new(FULL, PERF_FORMAT_GROUP | PERF_FORMAT_ID);
         assert_eq!(
             (l.ip, l.tid, l.time, l.addr, l.cpu, l.period, l.read),
-            (Some(8), Some(16), Some(24), Some(32), Some(40), Some(48), Some(56))
+            (
+                Some(8),
+                Some(16),
+                Some(24),
+                Some(32),
+                Some(40),
+                Some(48),
+                Some(56)
+            )
         );
         let l = SampleLayout::new(PERF_SAMPLE_TID | PERF_SAMPLE_CPU, 0);
-        assert_eq!((l.ip, l.tid, l.cpu, l.read), (None, Some(8), Some(16), None));
+        assert_eq!(
+            (l.ip, l.tid, l.cpu, l.read),
+            (None, Some(8), Some(16), None)
+        );
     }
 
     #[test]
@@ -452,7 +492,16 @@ pub(crate) mod tests {
         // Start 40 bytes before the end so the second record wraps.
         fake.set_pos(4096 * 3 - 40);
         let a = simple_record(PERF_RECORD_LOST, &[7, 3]);
-        let b = sample_record(1, 0xffff_ffff_8100_0000, 10, 11, 123, 1, 1000, &[(5, 100), (6, 101)]);
+        let b = sample_record(
+            1,
+            0xffff_ffff_8100_0000,
+            10,
+            11,
+            123,
+            1,
+            1000,
+            &[(5, 100), (6, 101)],
+        );
         fake.push(&a);
         fake.push(&b);
         // SAFETY: the fake buffer outlives `ring` and is laid out like a perf mmap.
@@ -463,16 +512,32 @@ pub(crate) mod tests {
             let split = matches!(rec, Record::Split(..));
             let (kind, _, size) = rec.header().unwrap();
             assert_eq!(size as usize, rec.len());
-            seen.push((kind, split, layout.parse(&rec).filter(|_| kind == PERF_RECORD_SAMPLE)));
+            seen.push((
+                kind,
+                split,
+                layout.parse(&rec).filter(|_| kind == PERF_RECORD_SAMPLE),
+            ));
         });
-        assert_eq!(stats, DrainStats { records: 2, corrupt_bytes: 0 });
+        assert_eq!(
+            stats,
+            DrainStats {
+                records: 2,
+                corrupt_bytes: 0
+            }
+        );
         assert_eq!(seen.len(), 2);
         assert_eq!((seen[0].0, seen[0].1), (PERF_RECORD_LOST, false));
         assert_eq!((seen[1].0, seen[1].1), (PERF_RECORD_SAMPLE, true));
         let s = seen[1].2.unwrap();
-        assert_eq!((s.ip, s.pid, s.tid, s.time, s.cpu, s.period), (0xffff_ffff_8100_0000, 10, 11, 123, 1, 1000));
+        assert_eq!(
+            (s.ip, s.pid, s.tid, s.time, s.cpu, s.period),
+            (0xffff_ffff_8100_0000, 10, 11, 123, 1, 1000)
+        );
         assert_eq!(s.addr, 0xdead_0000);
-        assert_eq!((s.nr, &s.values[..2], &s.ids[..2]), (2, &[5, 6][..], &[100, 101][..]));
+        assert_eq!(
+            (s.nr, &s.values[..2], &s.ids[..2]),
+            (2, &[5, 6][..], &[100, 101][..])
+        );
         assert_eq!(ring.tail(), ring.head());
         // Nothing new: nothing handed out.
         assert_eq!(ring.drain(|_| panic!("no records")).records, 0);
@@ -485,7 +550,10 @@ pub(crate) mod tests {
         let a = [1u8, 2, 3];
         let b = [4u8, 5, 6, 7, 8, 9];
         let r = Record::Split(&a, &b);
-        assert_eq!(r.u64_at(1), Some(u64::from_ne_bytes([2, 3, 4, 5, 6, 7, 8, 9])));
+        assert_eq!(
+            r.u64_at(1),
+            Some(u64::from_ne_bytes([2, 3, 4, 5, 6, 7, 8, 9]))
+        );
         assert_eq!(r.u64_at(2), None);
         assert_eq!(r.u32_at(0), Some(u32::from_ne_bytes([1, 2, 3, 4])));
     }
@@ -494,10 +562,16 @@ pub(crate) mod tests {
     fn corrupt_header_skips_to_head() {
         let mut fake = FakeRing::new(4096, 1);
         fake.push(&[0u8; 16]); // size 0
-        // SAFETY: as above.
+                               // SAFETY: as above.
         let ring = unsafe { Ring::new(fake.ptr(), fake.len(), 4096) }.unwrap();
         let stats = ring.drain(|_| panic!("no records"));
-        assert_eq!(stats, DrainStats { records: 0, corrupt_bytes: 16 });
+        assert_eq!(
+            stats,
+            DrainStats {
+                records: 0,
+                corrupt_bytes: 16
+            }
+        );
         assert_eq!(ring.tail(), 16);
     }
 

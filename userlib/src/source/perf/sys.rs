@@ -235,17 +235,34 @@ fn pipe_cloexec() -> io::Result<[i32; 2]> {
 
 /// The child side of [`LinuxSys::spawn_held`]: only async-signal-safe calls.
 ///
+/// Like `std::process::Command`, it gives the program an empty signal mask and the
+/// default `SIGPIPE` (Rust programs ignore `SIGPIPE`; an ignored signal survives exec).
+///
 /// # Safety
 ///
 /// Must be called in a freshly forked child; the pointers are NUL-terminated arrays of
 /// NUL-terminated strings that the parent built before `fork`.
 unsafe fn child_after_fork(
-    go_rd: i32,
-    err_wr: i32,
+    [go_rd, go_wr]: [i32; 2],
+    [err_rd, err_wr]: [i32; 2],
     path: *const libc::c_char,
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
+    empty_mask: &libc::sigset_t,
 ) -> ! {
+    // Our copies of the parent's ends: without this, closing the go pipe in the parent
+    // would never reach us as EOF.
+    // SAFETY: close(2) is async-signal-safe; these fds are ours and unused here.
+    unsafe {
+        libc::close(go_wr);
+        libc::close(err_rd);
+    }
+    // SAFETY: sigprocmask and signal are async-signal-safe; `empty_mask` was initialised
+    // by sigemptyset before fork.
+    unsafe {
+        libc::sigprocmask(libc::SIG_SETMASK, empty_mask, std::ptr::null_mut());
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let mut byte = 0u8;
     loop {
         // SAFETY: reading one byte into a local; read(2) is async-signal-safe.
@@ -364,7 +381,10 @@ impl Sys for LinuxSys {
     }
 
     fn now_ns(&self) -> u64 {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
         // SAFETY: `ts` is a valid timespec to fill; CLOCK_MONOTONIC always exists.
         unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
         ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -395,7 +415,8 @@ impl Sys for LinuxSys {
     fn find_program(&self, name: &str) -> io::Result<CString> {
         use std::os::unix::ffi::OsStrExt;
         use std::os::unix::fs::PermissionsExt;
-        let to_c = |p: &std::path::Path| CString::new(p.as_os_str().as_bytes()).map_err(io::Error::other);
+        let to_c =
+            |p: &std::path::Path| CString::new(p.as_os_str().as_bytes()).map_err(io::Error::other);
         if name.is_empty() {
             return Err(io::Error::from_raw_os_error(libc::ENOENT));
         }
@@ -403,7 +424,8 @@ impl Sys for LinuxSys {
             std::fs::metadata(name)?;
             return to_c(std::path::Path::new(name));
         }
-        let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+        let path =
+            std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
         let mut not_executable = false;
         for dir in std::env::split_paths(&path) {
             let candidate = dir.join(name);
@@ -414,7 +436,11 @@ impl Sys for LinuxSys {
                 not_executable = true;
             }
         }
-        Err(io::Error::from_raw_os_error(if not_executable { libc::EACCES } else { libc::ENOENT }))
+        Err(io::Error::from_raw_os_error(if not_executable {
+            libc::EACCES
+        } else {
+            libc::ENOENT
+        }))
     }
 
     fn spawn_held(&self, path: &CStr, argv: &[CString], envp: &[CString]) -> io::Result<HeldChild> {
@@ -432,6 +458,10 @@ impl Sys for LinuxSys {
                 return Err(e);
             }
         };
+        // SAFETY: an all-zero sigset_t is valid storage for sigemptyset to initialise.
+        let mut empty_mask: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `empty_mask` is a valid sigset_t to write.
+        unsafe { libc::sigemptyset(&mut empty_mask) };
         // SAFETY: fork has no memory-safety preconditions; the child only runs
         // `child_after_fork`, which uses async-signal-safe calls on data built above.
         let pid = unsafe { libc::fork() };
@@ -439,7 +469,14 @@ impl Sys for LinuxSys {
             // SAFETY: we are the freshly forked child and the pointer arrays are
             // NUL-terminated and alive (the parent's copies are ours after fork).
             unsafe {
-                child_after_fork(go_rd, err_wr, path.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr())
+                child_after_fork(
+                    [go_rd, go_wr],
+                    [err_rd, err_wr],
+                    path.as_ptr(),
+                    argv_ptrs.as_ptr(),
+                    envp_ptrs.as_ptr(),
+                    &empty_mask,
+                )
             }
         }
         let fork_err = (pid < 0).then(io::Error::last_os_error);
@@ -450,7 +487,11 @@ impl Sys for LinuxSys {
             self.close(err_rd);
             return Err(e);
         }
-        Ok(HeldChild { pid, go_fd: go_wr, err_fd: err_rd })
+        Ok(HeldChild {
+            pid,
+            go_fd: go_wr,
+            err_fd: err_rd,
+        })
     }
 
     fn release_child(&self, child: &HeldChild) -> io::Result<()> {
@@ -495,7 +536,10 @@ impl Sys for LinuxSys {
             0
         };
         let tv_ns = |tv: libc::timeval| tv.tv_sec as u64 * 1_000_000_000 + tv.tv_usec as u64 * 1000;
-        Ok(Some(ChildExit { status, cpu_time_ns: tv_ns(ru.ru_utime) + tv_ns(ru.ru_stime) }))
+        Ok(Some(ChildExit {
+            status,
+            cpu_time_ns: tv_ns(ru.ru_utime) + tv_ns(ru.ru_stime),
+        }))
     }
 
     fn kill(&self, pid: i32, signal: i32) -> io::Result<()> {

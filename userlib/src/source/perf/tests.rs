@@ -25,15 +25,25 @@ fn open(fake: &Arc<FakeSys>, c: PerfConfig) -> Result<PerfSource, SourceError> {
 #[test]
 fn command_overflow_groups_and_attrs() {
     let fake = FakeSys::new();
-    let src = open(&fake, cfg("cpu-clock,page-faults", Sampling::Period(100_000), cmd())).unwrap();
+    let src = open(
+        &fake,
+        cfg("cpu-clock,page-faults", Sampling::Period(100_000), cmd()),
+    )
+    .unwrap();
     let s = fake.state();
     assert_eq!(s.spawned, vec![vec!["work".to_string(), "arg".to_string()]]);
     assert_eq!(s.opens.len(), 4, "2 CPUs x 2 events");
     for (cpu, pair) in s.opens.chunks(2).enumerate() {
         let (leader, member) = (&pair[0], &pair[1]);
         let leader_fd = leader.result.unwrap();
-        assert_eq!((leader.pid, leader.cpu, leader.group_fd), (CHILD_PID, cpu as i32, -1));
-        assert_eq!((member.pid, member.cpu, member.group_fd), (CHILD_PID, cpu as i32, leader_fd));
+        assert_eq!(
+            (leader.pid, leader.cpu, leader.group_fd),
+            (CHILD_PID, cpu as i32, -1)
+        );
+        assert_eq!(
+            (member.pid, member.cpu, member.group_fd),
+            (CHILD_PID, cpu as i32, leader_fd)
+        );
         assert_eq!(leader.flags, PERF_FLAG_FD_CLOEXEC);
         let a = &leader.attr;
         assert_eq!((a.kind, a.config, a.size), (1, 0, PERF_ATTR_SIZE));
@@ -47,16 +57,28 @@ fn command_overflow_groups_and_attrs() {
         assert_eq!(a.clockid, libc::CLOCK_MONOTONIC);
         assert_eq!(a.wakeup, 64 * 4096 / 4);
         let m = &member.attr;
-        assert_eq!((m.kind, m.config, m.sample_type, m.sample_period_or_freq), (1, 2, 0, 0));
+        assert_eq!(
+            (m.kind, m.config, m.sample_type, m.sample_period_or_freq),
+            (1, 2, 0, 0)
+        );
         assert_eq!(m.flags, ATTR_INHERIT | ATTR_USE_CLOCKID);
         assert!(s.rings.contains_key(&leader_fd), "leader is mapped");
-        assert!(!s.rings.contains_key(&member.result.unwrap()), "members are not");
+        assert!(
+            !s.rings.contains_key(&member.result.unwrap()),
+            "members are not"
+        );
     }
     drop(s);
     let info = src.info();
-    assert_eq!((info.source, info.clock, info.mode), (SOURCE_PERF, CLOCK_MONOTONIC, MODE_OVERFLOW));
+    assert_eq!(
+        (info.source, info.clock, info.mode),
+        (SOURCE_PERF, CLOCK_MONOTONIC, MODE_OVERFLOW)
+    );
     assert_eq!((info.sample_period, info.poll_interval_ns), (100_000, 0));
-    assert_eq!((info.widths.clone(), info.max_rates.clone()), (vec![64, 64], vec![0, 0]));
+    assert_eq!(
+        (info.widths.clone(), info.max_rates.clone()),
+        (vec![64, 64], vec![0, 0])
+    );
     assert_eq!(info.cpus, vec![0, 1]);
     assert_eq!(info.cpu_model, "Fake CPU @ 1GHz");
     assert_eq!(src.child_pid(), Some(CHILD_PID as u32));
@@ -66,7 +88,11 @@ fn command_overflow_groups_and_attrs() {
 #[test]
 fn freq_and_modifiers_reach_the_attr() {
     let fake = FakeSys::new();
-    let _src = open(&fake, cfg("task-clock:u", Sampling::Freq(999), Target::Cpus(vec![1]))).unwrap();
+    let _src = open(
+        &fake,
+        cfg("task-clock:u", Sampling::Freq(999), Target::Cpus(vec![1])),
+    )
+    .unwrap();
     let s = fake.state();
     assert_eq!(s.opens.len(), 1);
     let o = &s.opens[0];
@@ -74,14 +100,25 @@ fn freq_and_modifiers_reach_the_attr() {
     assert_eq!(o.attr.sample_period_or_freq, 999);
     assert_eq!(
         o.attr.flags,
-        ATTR_DISABLED | ATTR_FREQ | ATTR_EXCLUDE_KERNEL | ATTR_EXCLUDE_HV | ATTR_USE_CLOCKID | ATTR_WATERMARK
+        ATTR_DISABLED
+            | ATTR_FREQ
+            | ATTR_EXCLUDE_KERNEL
+            | ATTR_EXCLUDE_HV
+            | ATTR_USE_CLOCKID
+            | ATTR_WATERMARK
     );
 }
 
 #[test]
 fn system_wide_poll_enables_at_start_and_reads_on_absolute_deadlines() {
     let fake = FakeSys::new();
-    let c = cfg("cpu-clock,task-clock", Sampling::Poll { interval_ns: 1_000_000 }, Target::SystemWide);
+    let c = cfg(
+        "cpu-clock,task-clock",
+        Sampling::Poll {
+            interval_ns: 1_000_000,
+        },
+        Target::SystemWide,
+    );
     let mut src = open(&fake, c).unwrap();
     {
         let s = fake.state();
@@ -97,18 +134,33 @@ fn system_wide_poll_enables_at_start_and_reads_on_absolute_deadlines() {
     {
         let s = fake.state();
         let enables: Vec<_> = s.ioctls.iter().filter(|i| i.1 == IOC_ENABLE).collect();
-        assert_eq!(enables, [&(leaders[0], IOC_ENABLE, IOC_FLAG_GROUP), &(leaders[1], IOC_ENABLE, IOC_FLAG_GROUP)]);
+        assert_eq!(
+            enables,
+            [
+                &(leaders[0], IOC_ENABLE, IOC_FLAG_GROUP),
+                &(leaders[1], IOC_ENABLE, IOC_FLAG_GROUP)
+            ]
+        );
     }
     let mut out = Vec::new();
     for _ in 0..5 {
-        assert_eq!(src.next(&mut out, Duration::from_secs(1)).unwrap(), Progress::Running);
+        assert_eq!(
+            src.next(&mut out, Duration::from_secs(1)).unwrap(),
+            Progress::Running
+        );
     }
     assert_eq!(out.len(), 10, "one sample per CPU per interval");
     // Deadlines are start + k * interval, whatever the time spent in between.
     let sleeps = fake.state().sleeps.clone();
-    assert_eq!(sleeps, (1..=5).map(|k| start + k * 1_000_000).collect::<Vec<_>>());
+    assert_eq!(
+        sleeps,
+        (1..=5).map(|k| start + k * 1_000_000).collect::<Vec<_>>()
+    );
     for (i, s) in out.iter().enumerate() {
-        assert_eq!((s.kind, s.cpu, s.nr, s.ovfl_counter, s.pid), (SAMPLE_POLL, (i % 2) as u32, 2, u32::MAX, 0));
+        assert_eq!(
+            (s.kind, s.cpu, s.nr, s.ovfl_counter, s.pid),
+            (SAMPLE_POLL, (i % 2) as u32, 2, u32::MAX, 0)
+        );
         assert_eq!(s.raw[0], s.raw[1], "fake reads every counter as the clock");
         assert!(s.time_ns >= s.raw[0], "timed right after the read");
     }
@@ -120,9 +172,15 @@ fn system_wide_poll_enables_at_start_and_reads_on_absolute_deadlines() {
     assert_eq!(src.missed_polls(), 2, "deadlines 7 and 8 ms were skipped");
     src.stop().unwrap();
     out.clear();
-    assert_eq!(src.next(&mut out, Duration::from_secs(1)).unwrap(), Progress::Finished);
+    assert_eq!(
+        src.next(&mut out, Duration::from_secs(1)).unwrap(),
+        Progress::Finished
+    );
     assert_eq!(out.len(), 2, "final read of every CPU");
-    assert_eq!(src.next(&mut out, Duration::from_secs(1)).unwrap(), Progress::Finished);
+    assert_eq!(
+        src.next(&mut out, Duration::from_secs(1)).unwrap(),
+        Progress::Finished
+    );
     let fin = src.finish().unwrap();
     assert_eq!(fin.exit_status, 0);
     assert_eq!(fin.lost, vec![(0, 0), (1, 0)]);
@@ -132,7 +190,11 @@ fn system_wide_poll_enables_at_start_and_reads_on_absolute_deadlines() {
 #[test]
 fn poll_values_are_mapped_by_id() {
     let fake = FakeSys::new();
-    let c = cfg("cpu-clock,task-clock,page-faults", Sampling::Poll { interval_ns: 1000 }, Target::Cpus(vec![0]));
+    let c = cfg(
+        "cpu-clock,task-clock,page-faults",
+        Sampling::Poll { interval_ns: 1000 },
+        Target::Cpus(vec![0]),
+    );
     let mut src = open(&fake, c).unwrap();
     let leader = src.groups[0].fds[0];
     // Swap the ids of the two members: values must follow their ids, not positions.
@@ -148,18 +210,29 @@ fn poll_values_are_mapped_by_id() {
 fn command_poll_finishes_when_the_child_exits() {
     let fake = FakeSys::new();
     fake.state().child_status = 3;
-    let c = cfg("cpu-clock", Sampling::Poll { interval_ns: 1_000_000 }, cmd());
+    let c = cfg(
+        "cpu-clock",
+        Sampling::Poll {
+            interval_ns: 1_000_000,
+        },
+        cmd(),
+    );
     let mut src = open(&fake, c).unwrap();
     src.start().unwrap();
     assert_eq!(fake.state().released, 1);
-    assert!(!fake.state().ioctls.iter().any(|i| i.1 == IOC_ENABLE), "enable_on_exec, no ioctl");
+    assert!(
+        !fake.state().ioctls.iter().any(|i| i.1 == IOC_ENABLE),
+        "enable_on_exec, no ioctl"
+    );
     let mut out = Vec::new();
     let mut calls = 0;
     while src.next(&mut out, Duration::from_secs(1)).unwrap() == Progress::Running {
         calls += 1;
         assert!(calls < 100);
     }
-    assert!(out.iter().all(|s| s.pid == CHILD_PID as u32 && s.tid == CHILD_PID as u32));
+    assert!(out
+        .iter()
+        .all(|s| s.pid == CHILD_PID as u32 && s.tid == CHILD_PID as u32));
     // The last two samples are the final read of both CPUs.
     assert_eq!(out.len() % 2, 0);
     assert_eq!(src.child_cpu_time_ns(), Some(5_000_000));
@@ -172,7 +245,10 @@ fn command_poll_finishes_when_the_child_exits() {
 fn overflow_reads_rings_including_split_records() {
     let fake = FakeSys::new();
     fake.state().child_runs_for = 2;
-    let c = PerfConfig { mmap_pages: 1, ..cfg("cpu-clock,page-faults", Sampling::Period(1000), cmd()) };
+    let c = PerfConfig {
+        mmap_pages: 1,
+        ..cfg("cpu-clock,page-faults", Sampling::Period(1000), cmd())
+    };
     let mut src = open(&fake, c).unwrap();
     src.start().unwrap();
     let (l0, m0) = (src.groups[0].fds[0], src.groups[0].fds[1]);
@@ -183,30 +259,89 @@ fn overflow_reads_rings_including_split_records() {
         // Start near the end of the 4 KiB data area so the second sample wraps.
         ring.set_pos(4096 - 104);
         // Values deliberately listed member first: mapped back by id.
-        ring.push(&sample_record(2, 0x401000, 42, 43, 1_000, 0, 1000, &[(5, id_of(m0)), (1000, id_of(l0))]));
-        ring.push(&sample_record(1, 0xffff_ffff_8100_0000, 42, 44, 2_000, 0, 1000, &[(1000 + 1000, id_of(l0)), (6, id_of(m0))]));
+        ring.push(&sample_record(
+            2,
+            0x401000,
+            42,
+            43,
+            1_000,
+            0,
+            1000,
+            &[(5, id_of(m0)), (1000, id_of(l0))],
+        ));
+        ring.push(&sample_record(
+            1,
+            0xffff_ffff_8100_0000,
+            42,
+            44,
+            2_000,
+            0,
+            1000,
+            &[(1000 + 1000, id_of(l0)), (6, id_of(m0))],
+        ));
         ring.push(&simple_record(PERF_RECORD_LOST, &[id_of(l0), 17]));
         ring.push(&simple_record(PERF_RECORD_THROTTLE, &[3_000, id_of(l0), 0]));
         let ring1 = s.rings.get_mut(&l1).unwrap();
-        ring1.push(&sample_record(2, 0x402000, 42, 42, 1_500, 1, 1000, &[(1000, id_of(l1)), (0, id_of(l1 + 1))]));
+        ring1.push(&sample_record(
+            2,
+            0x402000,
+            42,
+            42,
+            1_500,
+            1,
+            1000,
+            &[(1000, id_of(l1)), (0, id_of(l1 + 1))],
+        ));
     }
     let mut out = Vec::new();
-    assert_eq!(src.next(&mut out, Duration::from_secs(1)).unwrap(), Progress::Running);
+    assert_eq!(
+        src.next(&mut out, Duration::from_secs(1)).unwrap(),
+        Progress::Running
+    );
     assert_eq!(out.len(), 3);
     let a = out[0];
-    assert_eq!((a.kind, a.cpu, a.pid, a.tid, a.time_ns, a.ip, a.kernel_ip), (SAMPLE_OVERFLOW, 0, 42, 43, 1_000, 0x401000, false));
+    assert_eq!(
+        (a.kind, a.cpu, a.pid, a.tid, a.time_ns, a.ip, a.kernel_ip),
+        (SAMPLE_OVERFLOW, 0, 42, 43, 1_000, 0x401000, false)
+    );
     assert_eq!((a.nr, a.ovfl_counter, a.raw[0], a.raw[1]), (2, 0, 1000, 5));
     assert_eq!(a.addr, 0xdead_0000);
+    // A command's samples carry per-thread values; the source sums them per CPU.
     let b = out[1];
-    assert_eq!((b.tid, b.time_ns, b.kernel_ip, b.raw[0], b.raw[1]), (44, 2_000, true, 2000, 6));
+    assert_eq!(
+        (b.tid, b.time_ns, b.kernel_ip, b.raw[0], b.raw[1]),
+        (44, 2_000, true, 3000, 11)
+    );
     assert_eq!((out[2].cpu, out[2].raw[0]), (1, 1000));
     let st = src.stats();
-    assert_eq!((st[0].samples, st[0].lost, st[0].throttles, st[0].corrupt_bytes), (2, 17, 1, 0));
+    assert_eq!(
+        (
+            st[0].samples,
+            st[0].lost,
+            st[0].throttles,
+            st[0].corrupt_bytes
+        ),
+        (2, 17, 1, 0)
+    );
     // Child exits: the final drain still delivers what is in the rings.
-    fake.state().rings.get_mut(&l1).unwrap().push(&sample_record(2, 1, 42, 42, 2_500, 1, 1000, &[(2000, id_of(l1)), (0, id_of(l1 + 1))]));
+    fake.state()
+        .rings
+        .get_mut(&l1)
+        .unwrap()
+        .push(&sample_record(
+            2,
+            1,
+            42,
+            42,
+            2_500,
+            1,
+            1000,
+            &[(2000, id_of(l1)), (0, id_of(l1 + 1))],
+        ));
     out.clear();
     while src.next(&mut out, Duration::from_millis(100)).unwrap() == Progress::Running {}
     assert_eq!(out.len(), 1);
+    assert_eq!(out[0].raw[0], 2000, "same thread: its increase is added");
     assert!(src.notes().iter().any(|n| n.contains("throttled")));
     let fin = src.finish().unwrap();
     assert_eq!(fin.lost, vec![(0, 17), (1, 0)]);
@@ -216,6 +351,32 @@ fn overflow_reads_rings_including_split_records() {
     for o in &s.opens {
         assert!(s.closed.contains(&o.result.unwrap()));
     }
+}
+
+#[test]
+fn system_wide_overflow_values_pass_through() {
+    let fake = FakeSys::new();
+    let mut src = open(
+        &fake,
+        cfg("cpu-clock", Sampling::Period(1000), Target::Cpus(vec![0])),
+    )
+    .unwrap();
+    src.start().unwrap();
+    let l0 = src.groups[0].fds[0];
+    {
+        let mut s = fake.state();
+        let ring = s.rings.get_mut(&l0).unwrap();
+        ring.push(&sample_record(2, 1, 7, 7, 1, 0, 1000, &[(5000, id_of(l0))]));
+        ring.push(&sample_record(2, 1, 8, 9, 2, 0, 1000, &[(6000, id_of(l0))]));
+    }
+    let mut out = Vec::new();
+    src.next(&mut out, Duration::ZERO).unwrap();
+    let raw: Vec<u64> = out.iter().map(|s| s.raw[0]).collect();
+    assert_eq!(
+        raw,
+        [5000, 6000],
+        "CPU-wide counts need no per-thread folding"
+    );
 }
 
 #[test]
@@ -233,7 +394,11 @@ fn finish_without_drain_counts_ring_samples_as_lost() {
     }
     let fin = src.finish().unwrap();
     assert_eq!(fin.lost, vec![(0, 2), (1, 0)]);
-    assert_eq!(fin.exit_status, -libc::SIGTERM, "a running command is terminated");
+    assert_eq!(
+        fin.exit_status,
+        -libc::SIGTERM,
+        "a running command is terminated"
+    );
     assert_eq!(fake.state().killed, vec![(CHILD_PID, libc::SIGTERM)]);
 }
 
@@ -241,10 +406,19 @@ fn finish_without_drain_counts_ring_samples_as_lost() {
 fn permission_error_names_paranoid() {
     let fake = FakeSys::new();
     fake.state().open_hook = Some(Box::new(|_, cpu| (cpu == 1).then_some(libc::EACCES)));
-    let err = open(&fake, cfg("cpu-clock", Sampling::Period(1000), Target::SystemWide)).unwrap_err();
-    let SourceError::Permission(msg) = &err else { panic!("{err:?}") };
+    let err = open(
+        &fake,
+        cfg("cpu-clock", Sampling::Period(1000), Target::SystemWide),
+    )
+    .unwrap_err();
+    let SourceError::Permission(msg) = &err else {
+        panic!("{err:?}")
+    };
     assert!(msg.contains("perf_event_open(cpu-clock, cpu 1)"), "{msg}");
-    assert!(msg.contains("/proc/sys/kernel/perf_event_paranoid is 2"), "{msg}");
+    assert!(
+        msg.contains("/proc/sys/kernel/perf_event_paranoid is 2"),
+        "{msg}"
+    );
     // CPU 0's group was opened and mapped; all of it is released.
     let s = fake.state();
     assert_eq!(s.opens.iter().filter(|o| o.result.is_ok()).count(), 1);
@@ -255,11 +429,22 @@ fn permission_error_names_paranoid() {
 fn hardware_event_without_pmu_is_no_pmu() {
     let fake = FakeSys::new();
     fake.state().open_hook = Some(Box::new(|a, _| (a.kind == 0).then_some(libc::ENOENT)));
-    let err = open(&fake, cfg("cpu-clock,cycles", Sampling::Poll { interval_ns: 1000 }, cmd())).unwrap_err();
+    let err = open(
+        &fake,
+        cfg(
+            "cpu-clock,cycles",
+            Sampling::Poll { interval_ns: 1000 },
+            cmd(),
+        ),
+    )
+    .unwrap_err();
     match &err {
         SourceError::NoPmu { event, detail } => {
             assert_eq!(event, "cycles");
-            assert!(detail.contains("ENOENT") && detail.contains("breakpoint, software, tracepoint"), "{detail}");
+            assert!(
+                detail.contains("ENOENT") && detail.contains("breakpoint, software, tracepoint"),
+                "{detail}"
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -273,9 +458,20 @@ fn hardware_event_without_pmu_is_no_pmu() {
 #[test]
 fn unsupported_event_on_a_real_pmu_is_a_syscall_error() {
     let fake = FakeSys::new();
-    fake.state().dirs.insert("/sys/bus/event_source/devices".into(), vec!["cpu".into(), "software".into()]);
+    fake.state().dirs.insert(
+        "/sys/bus/event_source/devices".into(),
+        vec!["cpu".into(), "software".into()],
+    );
     fake.state().open_hook = Some(Box::new(|a, _| (a.kind == 0).then_some(libc::EOPNOTSUPP)));
-    let err = open(&fake, cfg("stalled-cycles-frontend", Sampling::Period(1000), Target::SystemWide)).unwrap_err();
+    let err = open(
+        &fake,
+        cfg(
+            "stalled-cycles-frontend",
+            Sampling::Period(1000),
+            Target::SystemWide,
+        ),
+    )
+    .unwrap_err();
     match &err {
         SourceError::Syscall { call, source } => {
             assert_eq!(call, "perf_event_open(stalled-cycles-frontend, cpu 0)");
@@ -288,35 +484,71 @@ fn unsupported_event_on_a_real_pmu_is_a_syscall_error() {
 #[test]
 fn other_errors_name_event_and_cpu() {
     let fake = FakeSys::new();
-    fake.state().open_hook = Some(Box::new(|a, cpu| (a.config == 1 && cpu == 1).then_some(libc::EMFILE)));
-    let err = open(&fake, cfg("cpu-clock,task-clock", Sampling::Period(1000), Target::SystemWide)).unwrap_err();
-    assert!(err.to_string().starts_with("perf_event_open(task-clock, cpu 1) failed"), "{err}");
+    fake.state().open_hook = Some(Box::new(|a, cpu| {
+        (a.config == 1 && cpu == 1).then_some(libc::EMFILE)
+    }));
+    let err = open(
+        &fake,
+        cfg(
+            "cpu-clock,task-clock",
+            Sampling::Period(1000),
+            Target::SystemWide,
+        ),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("perf_event_open(task-clock, cpu 1) failed"),
+        "{err}"
+    );
     let fake = FakeSys::new();
     fake.state().mmap_errno = Some(libc::EPERM);
-    let err = open(&fake, cfg("cpu-clock", Sampling::Period(1000), Target::SystemWide)).unwrap_err();
-    assert!(matches!(&err, SourceError::Permission(m) if m.contains("perf_event_mlock_kb")), "{err}");
+    let err = open(
+        &fake,
+        cfg("cpu-clock", Sampling::Period(1000), Target::SystemWide),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, SourceError::Permission(m) if m.contains("perf_event_mlock_kb")),
+        "{err}"
+    );
 }
 
 #[test]
 fn inherit_with_sample_read_falls_back_without_inherit() {
     let fake = FakeSys::new();
     fake.state().open_hook = Some(Box::new(|a, _| {
-        (a.flags & ATTR_INHERIT != 0 && a.sample_type & PERF_SAMPLE_READ != 0).then_some(libc::EINVAL)
+        (a.flags & ATTR_INHERIT != 0 && a.sample_type & PERF_SAMPLE_READ != 0)
+            .then_some(libc::EINVAL)
     }));
-    let src = open(&fake, cfg("cpu-clock,page-faults", Sampling::Period(1000), cmd())).unwrap();
+    let src = open(
+        &fake,
+        cfg("cpu-clock,page-faults", Sampling::Period(1000), cmd()),
+    )
+    .unwrap();
     assert!(!src.inherits());
     assert!(src.notes()[0].contains("inherit"), "{:?}", src.notes());
     let s = fake.state();
     assert_eq!(s.opens.len(), 5, "one rejected open, then 2 x 2");
     assert!(s.opens[0].result.is_err());
-    assert!(s.opens[1..].iter().all(|o| o.result.is_ok() && o.attr.flags & ATTR_INHERIT == 0));
+    assert!(s.opens[1..]
+        .iter()
+        .all(|o| o.result.is_ok() && o.attr.flags & ATTR_INHERIT == 0));
 }
 
 #[test]
 fn poll_mode_keeps_inherit() {
     let fake = FakeSys::new();
-    let _src = open(&fake, cfg("cpu-clock", Sampling::Poll { interval_ns: 1000 }, cmd())).unwrap();
-    assert!(fake.state().opens.iter().all(|o| o.attr.flags & ATTR_INHERIT != 0));
+    let _src = open(
+        &fake,
+        cfg("cpu-clock", Sampling::Poll { interval_ns: 1000 }, cmd()),
+    )
+    .unwrap();
+    assert!(fake
+        .state()
+        .opens
+        .iter()
+        .all(|o| o.attr.flags & ATTR_INHERIT != 0));
 }
 
 #[test]
@@ -324,15 +556,26 @@ fn command_errors() {
     let fake = FakeSys::new();
     let t = Target::Command(vec!["missing-program".into()]);
     let err = open(&fake, cfg("cpu-clock", Sampling::Period(1000), t)).unwrap_err();
-    assert!(matches!(&err, SourceError::Command { cmd, .. } if cmd == "missing-program"), "{err:?}");
-    assert!(fake.state().opens.is_empty(), "nothing opened for a command that cannot run");
+    assert!(
+        matches!(&err, SourceError::Command { cmd, .. } if cmd == "missing-program"),
+        "{err:?}"
+    );
+    assert!(
+        fake.state().opens.is_empty(),
+        "nothing opened for a command that cannot run"
+    );
 
     let fake = FakeSys::new();
     fake.state().exec_errno = Some(libc::EACCES);
     let mut src = open(&fake, cfg("cpu-clock", Sampling::Period(1000), cmd())).unwrap();
     let err = src.start().unwrap_err();
-    assert!(matches!(&err, SourceError::Command { source, .. } if source.raw_os_error() == Some(libc::EACCES)));
-    assert_eq!(src.next(&mut Vec::new(), Duration::ZERO).unwrap(), Progress::Finished);
+    assert!(
+        matches!(&err, SourceError::Command { source, .. } if source.raw_os_error() == Some(libc::EACCES))
+    );
+    assert_eq!(
+        src.next(&mut Vec::new(), Duration::ZERO).unwrap(),
+        Progress::Finished
+    );
 }
 
 #[test]
@@ -352,15 +595,33 @@ fn dropping_before_start_disposes_of_the_held_child() {
 #[test]
 fn mask_and_restart() {
     let fake = FakeSys::new();
-    let mut src = open(&fake, cfg("cpu-clock", Sampling::Period(1000), Target::SystemWide)).unwrap();
+    let mut src = open(
+        &fake,
+        cfg("cpu-clock", Sampling::Period(1000), Target::SystemWide),
+    )
+    .unwrap();
     src.start().unwrap();
     let l1 = src.groups[1].fds[0];
     src.control(1, hrperf_abi::format::CTRL_RESET);
     src.control(1, CTRL_MASK | hrperf_abi::format::CTRL_RESET);
     src.control(1, CTRL_MASK);
-    assert_eq!(fake.state().ioctls.iter().filter(|i| **i == (l1, IOC_DISABLE, IOC_FLAG_GROUP)).count(), 1);
+    assert_eq!(
+        fake.state()
+            .ioctls
+            .iter()
+            .filter(|i| **i == (l1, IOC_DISABLE, IOC_FLAG_GROUP))
+            .count(),
+        1
+    );
     src.restart(None).unwrap();
-    assert_eq!(fake.state().ioctls.iter().filter(|i| **i == (l1, IOC_ENABLE, IOC_FLAG_GROUP)).count(), 2);
+    assert_eq!(
+        fake.state()
+            .ioctls
+            .iter()
+            .filter(|i| **i == (l1, IOC_ENABLE, IOC_FLAG_GROUP))
+            .count(),
+        2
+    );
     assert!(!src.groups[1].masked);
 }
 
@@ -373,14 +634,38 @@ fn config_validation() {
     };
     assert!(bad(cfg("cpu-clock", Sampling::Period(0), Target::SystemWide)).contains("period"));
     assert!(bad(cfg("cpu-clock", Sampling::Freq(0), Target::SystemWide)).contains("frequency"));
-    assert!(bad(cfg("cpu-clock", Sampling::Poll { interval_ns: 0 }, Target::SystemWide)).contains("interval"));
-    let c = PerfConfig { mmap_pages: 3, ..cfg("cpu-clock", Sampling::Period(1), Target::SystemWide) };
+    assert!(bad(cfg(
+        "cpu-clock",
+        Sampling::Poll { interval_ns: 0 },
+        Target::SystemWide
+    ))
+    .contains("interval"));
+    let c = PerfConfig {
+        mmap_pages: 3,
+        ..cfg("cpu-clock", Sampling::Period(1), Target::SystemWide)
+    };
     assert!(bad(c).contains("power of two"));
-    assert!(bad(cfg("cpu-clock", Sampling::Period(1), Target::Cpus(vec![0, 5]))).contains("CPU 5 is not online"));
-    assert!(bad(cfg("cpu-clock", Sampling::Period(1), Target::Command(vec![]))).contains("empty command"));
-    let c = PerfConfig { workload: Some(vec!["x".into()]), ..cfg("cpu-clock", Sampling::Period(1), cmd()) };
+    assert!(bad(cfg(
+        "cpu-clock",
+        Sampling::Period(1),
+        Target::Cpus(vec![0, 5])
+    ))
+    .contains("CPU 5 is not online"));
+    assert!(bad(cfg(
+        "cpu-clock",
+        Sampling::Period(1),
+        Target::Command(vec![])
+    ))
+    .contains("empty command"));
+    let c = PerfConfig {
+        workload: Some(vec!["x".into()]),
+        ..cfg("cpu-clock", Sampling::Period(1), cmd())
+    };
     assert!(bad(c).contains("workload"));
-    let c = PerfConfig { events: vec![], ..cfg("cpu-clock", Sampling::Period(1), cmd()) };
+    let c = PerfConfig {
+        events: vec![],
+        ..cfg("cpu-clock", Sampling::Period(1), cmd())
+    };
     assert!(bad(c).contains("no events"));
 }
 
@@ -389,35 +674,66 @@ fn workload_with_cpu_list_counts_system_wide() {
     let fake = FakeSys::new();
     let c = PerfConfig::from_cli(
         parse_events("cpu-clock").unwrap(),
-        Sampling::Poll { interval_ns: 1_000_000 },
+        Sampling::Poll {
+            interval_ns: 1_000_000,
+        },
         false,
         Some(vec![1]),
         vec!["work".into()],
     )
     .unwrap();
-    assert_eq!((c.target.clone(), c.workload.clone()), (Target::Cpus(vec![1]), Some(vec!["work".into()])));
+    assert_eq!(
+        (c.target.clone(), c.workload.clone()),
+        (Target::Cpus(vec![1]), Some(vec!["work".into()]))
+    );
     let mut src = open(&fake, c).unwrap();
     assert_eq!(fake.state().opens[0].pid, -1);
     src.start().unwrap();
     let s = fake.state();
     assert_eq!(s.released, 1);
-    assert!(s.ioctls.iter().any(|i| i.1 == IOC_ENABLE), "system-wide counters are enabled by ioctl");
+    assert!(
+        s.ioctls.iter().any(|i| i.1 == IOC_ENABLE),
+        "system-wide counters are enabled by ioctl"
+    );
     drop(s);
     let mut out = Vec::new();
     while src.next(&mut out, Duration::from_secs(1)).unwrap() == Progress::Running {}
     assert!(out.iter().all(|s| s.pid == 0 && s.cpu == 1));
+    let leader = src.groups[0].fds[0];
+    assert!(
+        fake.state()
+            .ioctls
+            .contains(&(leader, IOC_DISABLE, IOC_FLAG_GROUP)),
+        "disabled when the workload ended, before the final read"
+    );
 }
 
 #[test]
 fn cli_and_cpu_lists() {
-    assert_eq!(parse_cpu_list("0-3,8,2,10-11\n").unwrap(), vec![0, 1, 2, 3, 8, 10, 11]);
+    assert_eq!(
+        parse_cpu_list("0-3,8,2,10-11\n").unwrap(),
+        vec![0, 1, 2, 3, 8, 10, 11]
+    );
     assert_eq!(parse_cpu_list("5").unwrap(), vec![5]);
     for bad in ["", "1,,2", "3-1", "a", "1-", "300"] {
-        assert!(matches!(parse_cpu_list(bad), Err(SourceError::Config(_))), "{bad}");
+        assert!(
+            matches!(parse_cpu_list(bad), Err(SourceError::Config(_))),
+            "{bad}"
+        );
     }
     let ev = parse_events("cpu-clock").unwrap();
-    let c = PerfConfig::from_cli(ev.clone(), Sampling::Period(1), false, None, vec!["ls".into()]).unwrap();
-    assert_eq!((c.target, c.workload), (Target::Command(vec!["ls".into()]), None));
+    let c = PerfConfig::from_cli(
+        ev.clone(),
+        Sampling::Period(1),
+        false,
+        None,
+        vec!["ls".into()],
+    )
+    .unwrap();
+    assert_eq!(
+        (c.target, c.workload),
+        (Target::Command(vec!["ls".into()]), None)
+    );
     let c = PerfConfig::from_cli(ev.clone(), Sampling::Period(1), true, None, vec![]).unwrap();
     assert_eq!((c.target, c.workload), (Target::SystemWide, None));
     assert!(PerfConfig::from_cli(ev, Sampling::Period(1), false, None, vec![]).is_err());

@@ -1,0 +1,768 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * hrperf_test - the QEMU guest's test of /dev/hrperf (hrperf-core.ko + fmt-delta.ko),
+ * written against include/hrperf.h only.
+ *
+ *   hrperf_test info                  INFO + FORMATS list "delta"
+ *   hrperf_test overflow [ms]         cpu-clock overflow sampling under a busy load
+ *   hrperf_test drops                 full rings: drops counted, never silent
+ *   hrperf_test poll [ms] [us]        poll mode: ticks/s and per-CPU own timestamps
+ *   hrperf_test instructed [n]        POLL/LOG pairs
+ *   hrperf_test mmap                  read-only mapping rules
+ *   hrperf_test busy-format           rmmod fmt_delta refused while a session is open
+ *   hrperf_test abuse [rounds]        every command with bad arguments; then a session
+ *   hrperf_test quick                 one short instructed session (for load cycles)
+ *
+ * Prints measured figures (TCG timing, not hardware timing) and "ok: ..." lines; exits
+ * non-zero with "FAIL: ..." on the first failed check.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hrperf.h"
+
+#define MAX_SLOTS 64
+#define PERF_COUNT_SW_CPU_CLOCK 0
+#define PERF_COUNT_SW_TASK_CLOCK 1
+#define PERF_COUNT_SW_PAGE_FAULTS 2
+#define PERF_COUNT_SW_CONTEXT_SWITCHES 3
+
+static void fail(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	printf("FAIL: ");
+	vprintf(fmt, ap);
+	printf(" (errno %d %s)\n", errno, strerror(errno));
+	va_end(ap);
+	fflush(stdout);
+	exit(1);
+}
+
+#define CHECK(cond, ...) do { if (!(cond)) fail(__VA_ARGS__); } while (0)
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
+}
+
+static int dev_open(void)
+{
+	int fd = open("/dev/hrperf", O_RDWR | O_CLOEXEC);
+
+	CHECK(fd >= 0, "open /dev/hrperf");
+	return fd;
+}
+
+/* ---- workload: one busy child per CPU ---- */
+
+static pid_t kids[MAX_SLOTS];
+static int nkids;
+
+static void load_start(int n)
+{
+	for (nkids = 0; nkids < n && nkids < MAX_SLOTS; nkids++) {
+		pid_t p = fork();
+
+		CHECK(p >= 0, "fork");
+		if (p == 0) {
+			volatile uint64_t x = 0;
+			char *mem = malloc(1 << 20);
+
+			for (;;) {	/* compute plus some page faults */
+				for (int i = 0; i < 100000; i++)
+					x += i;
+				if (mem)
+					mem[(x >> 3) % (1 << 20)] = (char)x;
+			}
+		}
+		kids[nkids] = p;
+	}
+}
+
+static void load_stop(void)
+{
+	for (int i = 0; i < nkids; i++) {
+		kill(kids[i], SIGKILL);
+		waitpid(kids[i], NULL, 0);
+	}
+	nkids = 0;
+}
+
+/* ---- sessions ---- */
+
+struct session {
+	int fd;
+	uint32_t mode;
+	uint32_t nr;
+	const uint8_t *map;
+	size_t map_len;
+	uint32_t count;
+	uint64_t buf_size;
+	struct hrperf_buffer_slot slots[MAX_SLOTS];
+};
+
+static void session_create(struct session *s, uint32_t mode, const uint32_t *sw_events,
+			   uint32_t nr, uint64_t period, uint64_t poll_ns, uint64_t data_size)
+{
+	struct hrperf_session_create c;
+	struct hrperf_buffers_arg b;
+
+	memset(s, 0, sizeof(*s));
+	s->fd = dev_open();
+	s->mode = mode;
+	s->nr = nr;
+	memset(&c, 0, sizeof(c));
+	c.size = sizeof(c);
+	strcpy(c.format_name, "delta");
+	c.mode = mode;
+	c.nr_events = nr;
+	for (uint32_t i = 0; i < nr; i++) {
+		c.events[i].type = HRPERF_EVENT_TYPE_SOFTWARE;
+		c.events[i].config = sw_events[i];
+	}
+	c.sample_period = period;
+	c.poll_interval_ns = poll_ns;
+	c.data_size = data_size;
+	CHECK(ioctl(s->fd, HRPERF_IOC_CREATE, &c) == 0, "CREATE mode %u", mode);
+
+	memset(&b, 0, sizeof(b));
+	b.size = sizeof(b);
+	b.count = MAX_SLOTS;
+	b.entries = (uintptr_t)s->slots;
+	CHECK(ioctl(s->fd, HRPERF_IOC_BUFFERS, &b) == 0, "BUFFERS");
+	CHECK(b.count > 0 && b.count <= MAX_SLOTS && b.buf_size % 4096 == 0, "BUFFERS answer");
+	s->count = b.count;
+	s->buf_size = b.buf_size;
+	s->map_len = (size_t)b.count * b.buf_size;
+	s->map = mmap(NULL, s->map_len, PROT_READ, MAP_SHARED, s->fd, 0);
+	CHECK(s->map != MAP_FAILED, "mmap %zu bytes read-only", s->map_len);
+}
+
+static void session_close(struct session *s)
+{
+	munmap((void *)s->map, s->map_len);
+	close(s->fd);
+}
+
+static const struct hrperf_buffer_header *hdr_of(const struct session *s, uint32_t i)
+{
+	return (const struct hrperf_buffer_header *)(s->map + s->slots[i].offset);
+}
+
+/* What the records of one CPU added up to. */
+struct cpu_tally {
+	uint32_t cpu;
+	uint64_t records;	/* delta records */
+	uint64_t lost;		/* from LOST records */
+	uint64_t sum[HRPERF_MAX_COUNTERS];
+	uint64_t first_ns, last_ns;
+	uint64_t backwards;	/* timestamps not increasing */
+	uint64_t bad;		/* malformed or foreign records */
+	uint64_t kernel_ip;
+	uint64_t misc_seen;
+	uint64_t *times;	/* optional: every time_ns */
+	size_t ntimes, cap;
+};
+
+/* Reads CPU i's ring from tail to head in place, tallies, then CONSUMEs. */
+static void drain(struct session *s, uint32_t i, struct cpu_tally *t)
+{
+	const struct hrperf_buffer_header *h = hdr_of(s, i);
+	const uint8_t *data = (const uint8_t *)h + h->data_offset;
+	uint64_t head = __atomic_load_n(&h->head, __ATOMIC_ACQUIRE);
+	uint64_t tail = h->tail, mask = h->data_size - 1;
+	struct hrperf_consume_arg c;
+
+	CHECK(h->magic == HRPERF_BUFFER_MAGIC && h->version == HRPERF_BUFFER_VERSION &&
+	      h->header_size == sizeof(*h) && h->cpu == s->slots[i].cpu, "buffer header of slot %u", i);
+	CHECK(h->data_size && !(h->data_size & mask) && head - tail <= h->data_size,
+	      "ring geometry of cpu %u", h->cpu);
+	while (tail != head) {
+		const struct hrperf_record_header *r = (const void *)(data + (tail & mask));
+
+		CHECK(r->size >= 8 && r->size % 8 == 0 && r->size <= head - tail, "record size %u",
+		      r->size);
+		if (r->type == HRPERF_RECORD_LOST) {
+			t->lost += ((const struct hrperf_lost_record *)r)->lost;
+		} else if (r->type == HRPERF_RECORD_DELTA) {
+			const struct hrperf_delta_record *d = (const void *)r;
+
+			if (d->cpu != h->cpu || d->nr != s->nr || r->size != 40 + 8 * d->nr) {
+				t->bad++;
+			} else {
+				if (t->records && d->time_ns <= t->last_ns)
+					t->backwards++;
+				if (!t->records)
+					t->first_ns = d->time_ns;
+				t->last_ns = d->time_ns;
+				for (int k = 0; k < d->nr; k++)
+					t->sum[k] += d->deltas[k];
+				if (r->misc & HRPERF_MISC_KERNEL)
+					t->kernel_ip++;
+				t->misc_seen |= r->misc;
+				t->records++;
+				if (t->times) {
+					if (t->ntimes == t->cap) {
+						t->cap = t->cap ? 2 * t->cap : 4096;
+						t->times = realloc(t->times, t->cap * 8);
+						CHECK(t->times, "realloc");
+					}
+					t->times[t->ntimes++] = d->time_ns;
+				}
+			}
+		} else if (r->type != HRPERF_RECORD_PAD) {
+			t->bad++;
+		}
+		tail += r->size;
+	}
+	memset(&c, 0, sizeof(c));
+	c.size = sizeof(c);
+	c.cpu = h->cpu;
+	c.tail = tail;
+	CHECK(ioctl(s->fd, HRPERF_IOC_CONSUME, &c) == 0, "CONSUME cpu %u", h->cpu);
+	CHECK(h->tail == tail, "tail published");
+}
+
+static void drain_all(struct session *s, struct cpu_tally *t)
+{
+	for (uint32_t i = 0; i < s->count; i++) {
+		t[i].cpu = s->slots[i].cpu;
+		drain(s, i, &t[i]);
+	}
+}
+
+static void stats(struct session *s, struct hrperf_cpu_stats *st)
+{
+	struct hrperf_stats_arg a = { .size = sizeof(a), .count = MAX_SLOTS,
+				      .entries = (uintptr_t)st };
+
+	CHECK(ioctl(s->fd, HRPERF_IOC_STATS, &a) == 0 && a.count == s->count, "STATS");
+}
+
+/* Runs a started session for `ms`, draining whenever poll() says so. */
+static uint64_t run_for(struct session *s, unsigned ms, struct cpu_tally *t, unsigned *wakeups)
+{
+	uint64_t t0 = now_ns(), end = t0 + (uint64_t)ms * 1000000;
+
+	while (now_ns() < end) {
+		struct pollfd p = { .fd = s->fd, .events = POLLIN };
+		int r = poll(&p, 1, 50);
+
+		CHECK(r >= 0, "poll");
+		if (r > 0) {
+			(*wakeups)++;
+			drain_all(s, t);
+		}
+	}
+	return now_ns() - t0;
+}
+
+/* ---- the tests ---- */
+
+static int online_cpus(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+
+	return n > 0 ? (int)n : 1;
+}
+
+static void test_info(void)
+{
+	int fd = dev_open();
+	struct hrperf_module_info mi = { .size = sizeof(mi) };
+	struct hrperf_format_info fi[8];
+	struct hrperf_format_list fl = { .size = sizeof(fl), .capacity = 8,
+					 .entries = (uintptr_t)fi };
+	int found = 0;
+
+	CHECK(ioctl(fd, HRPERF_IOC_INFO, &mi) == 0, "INFO");
+	CHECK(mi.size == sizeof(mi) && mi.abi_version == HRPERF_IOCTL_ABI_VERSION, "INFO answer");
+	printf("info: abi %u, module %06x, default mode %u, poll_us %u, formats %u, cpus %u\n",
+	       mi.abi_version, mi.module_version, mi.default_mode, mi.poll_us, mi.nr_formats,
+	       mi.nr_cpus);
+	CHECK(ioctl(fd, HRPERF_IOC_FORMATS, &fl) == 0, "FORMATS");
+	for (uint32_t i = 0; i < fl.count && i < 8; i++) {
+		printf("format: %s version %x flags %x arg_size %u users %u\n", fi[i].name,
+		       fi[i].version, fi[i].flags, fi[i].arg_size, fi[i].users);
+		found |= !strcmp(fi[i].name, "delta");
+	}
+	CHECK(found, "format delta not listed");
+	close(fd);
+	printf("ok: INFO and FORMATS list delta\n");
+}
+
+/*
+ * Overflow sampling of cpu-clock (plus page-faults and context-switches read at each
+ * sample) under a busy load. A 64 KiB ring per CPU fills past half in well under a
+ * second, so the reader is woken by the format's NOTIFY and drains while sampling runs.
+ */
+static void test_overflow(unsigned ms)
+{
+	static const uint32_t ev[] = { PERF_COUNT_SW_CPU_CLOCK, PERF_COUNT_SW_PAGE_FAULTS,
+				       PERF_COUNT_SW_CONTEXT_SWITCHES };
+	const uint64_t period = 100000;	/* ns of cpu-clock */
+	struct cpu_tally t[MAX_SLOTS] = { 0 };
+	struct hrperf_cpu_stats st[MAX_SLOTS];
+	struct session s;
+	uint64_t total = 0, drops = 0, elapsed, wall, lost = 0;
+	unsigned wakeups = 0;
+
+	session_create(&s, HRPERF_MODE_OVERFLOW, ev, 3, period, 0, 64 << 10);
+	load_start(online_cpus());
+	wall = now_ns();	/* counters count from START to STOP: the upper bound */
+	CHECK(ioctl(s.fd, HRPERF_IOC_START) == 0, "START");
+	elapsed = run_for(&s, ms, t, &wakeups);
+	CHECK(ioctl(s.fd, HRPERF_IOC_STOP) == 0, "STOP");
+	wall = now_ns() - wall;
+	load_stop();
+	drain_all(&s, t);	/* the rest, in place after stop */
+	stats(&s, st);
+	for (uint32_t i = 0; i < s.count; i++) {
+		const struct hrperf_buffer_header *h = hdr_of(&s, i);
+
+		printf("overflow cpu %u: records %llu lost %llu drops %llu overflows %llu masked %llu "
+		       "cpu-clock %llu ns in %llu ns, page-faults %llu, ctx-switches %llu, "
+		       "kernel-ip %llu\n", t[i].cpu,
+		       (unsigned long long)t[i].records, (unsigned long long)t[i].lost,
+		       (unsigned long long)h->drops, (unsigned long long)h->overflows,
+		       (unsigned long long)st[i].masked, (unsigned long long)t[i].sum[0],
+		       (unsigned long long)elapsed, (unsigned long long)t[i].sum[1],
+		       (unsigned long long)t[i].sum[2], (unsigned long long)t[i].kernel_ip);
+		CHECK(t[i].records > 0, "cpu %u: no records", t[i].cpu);
+		CHECK(t[i].backwards == 0, "cpu %u: %llu timestamps not increasing", t[i].cpu,
+		      (unsigned long long)t[i].backwards);
+		CHECK(t[i].bad == 0, "cpu %u: bad records", t[i].cpu);
+		/* LOST records report drops once a record fits again (or at STOP, if room) */
+		CHECK(t[i].lost <= h->drops && st[i].drops == h->drops, "cpu %u: drops accounted",
+		      t[i].cpu);
+		CHECK(st[i].records == h->records && h->records == t[i].records,
+		      "cpu %u: STATS records", t[i].cpu);
+		/* cpu-clock counts this CPU's time: the deltas add up to (almost) the run time. */
+		CHECK(t[i].sum[0] <= wall + 2 * period && t[i].sum[0] >= elapsed / 2,
+		      "cpu %u: cpu-clock sum %llu vs elapsed %llu", t[i].cpu,
+		      (unsigned long long)t[i].sum[0], (unsigned long long)elapsed);
+		/* One record per overflow; perf's cpu-clock hrtimer skips periods it is late
+		 * for (TCG), so ask for at least one per 10 periods, and print the ratio. */
+		CHECK(h->overflows == t[i].records + h->drops, "cpu %u: overflows == records + drops",
+		      t[i].cpu);
+		CHECK((t[i].records + h->drops) * period * 10 >= t[i].sum[0],
+		      "cpu %u: %llu records for %llu ns", t[i].cpu,
+		      (unsigned long long)t[i].records, (unsigned long long)t[i].sum[0]);
+		printf("overflow cpu %u: mean sample interval %llu ns for a %llu ns period\n", t[i].cpu,
+		       (unsigned long long)(t[i].sum[0] / (t[i].records + h->drops)),
+		       (unsigned long long)period);
+		total += t[i].records;
+		drops += h->drops;
+		lost += st[i].masked;
+	}
+	printf("MEASURED overflow: %llu samples in %llu ms = %llu samples/s handled "
+	       "(%u CPUs, period %llu ns cpu-clock), drops %llu, not dispatched %llu, "
+	       "reader wakeups %u (TCG timing, not hardware)\n",
+	       (unsigned long long)total, (unsigned long long)elapsed / 1000000,
+	       (unsigned long long)(total * 1000000000ull / elapsed), s.count,
+	       (unsigned long long)period, (unsigned long long)drops, (unsigned long long)lost,
+	       wakeups);
+	CHECK(wakeups > 0 || ms < 500, "the reader was never woken by NOTIFY");
+	CHECK(ioctl(s.fd, HRPERF_IOC_DESTROY) == 0, "DESTROY");
+	session_close(&s);
+	printf("ok: overflow mode\n");
+}
+
+/* A 4 KiB ring nobody reads: it fills, and every later sample is counted as a drop. */
+static void test_drops(void)
+{
+	static const uint32_t ev[] = { PERF_COUNT_SW_CPU_CLOCK };
+	struct cpu_tally t[MAX_SLOTS] = { 0 };
+	struct hrperf_module_info mi = { .size = sizeof(mi) };
+	struct session s;
+	uint64_t drops = 0, records = 0;
+
+	session_create(&s, HRPERF_MODE_OVERFLOW, ev, 1, 100000, 0, 4096);
+	CHECK(ioctl(s.fd, HRPERF_IOC_START) == 0, "START");
+	usleep(300000);
+	CHECK(ioctl(s.fd, HRPERF_IOC_STOP) == 0, "STOP");
+	drain_all(&s, t);
+	for (uint32_t i = 0; i < s.count; i++) {
+		const struct hrperf_buffer_header *h = hdr_of(&s, i);
+
+		CHECK(h->drops > 0 && h->overflows == h->records + h->drops && h->records >= t[i].records &&
+		      t[i].lost <= h->drops, "cpu %u: drop accounting", t[i].cpu);
+		drops += h->drops;
+		records += t[i].records;
+	}
+	session_close(&s);	/* close = destroy: drops go to the module total */
+	{
+		int fd = dev_open();
+
+		CHECK(ioctl(fd, HRPERF_IOC_INFO, &mi) == 0 && mi.total_drops >= drops, "total_drops");
+		close(fd);
+	}
+	printf("ok: full 4 KiB rings: %llu records kept, %llu drops counted (module total %llu)\n",
+	       (unsigned long long)records, (unsigned long long)drops,
+	       (unsigned long long)mi.total_drops);
+}
+
+static void test_poll(unsigned ms, unsigned us)
+{
+	static const uint32_t ev[] = { PERF_COUNT_SW_CPU_CLOCK, PERF_COUNT_SW_CONTEXT_SWITCHES,
+				       PERF_COUNT_SW_TASK_CLOCK };
+	struct cpu_tally t[MAX_SLOTS] = { 0 };
+	struct hrperf_cpu_stats st[MAX_SLOTS];
+	struct session s;
+	uint64_t elapsed, wall, same = 0, compared = 0;
+	unsigned wakeups = 0;
+
+	session_create(&s, HRPERF_MODE_POLL, ev, 3, 0, (uint64_t)us * 1000, 1 << 20);
+	for (uint32_t i = 0; i < s.count; i++)
+		t[i].times = malloc(8), t[i].cap = 1;
+	load_start(online_cpus());
+	wall = now_ns();
+	CHECK(ioctl(s.fd, HRPERF_IOC_START) == 0, "START poll");
+	elapsed = run_for(&s, ms, t, &wakeups);
+	CHECK(ioctl(s.fd, HRPERF_IOC_STOP) == 0, "STOP poll");
+	wall = now_ns() - wall;
+	load_stop();
+	drain_all(&s, t);
+	stats(&s, st);
+	for (uint32_t i = 0; i < s.count; i++) {
+		uint64_t per_s = t[i].records * 1000000000ull / elapsed;
+
+		printf("poll cpu %u: records %llu (%llu ticks/s), STATS poll_ticks %llu missed %llu "
+		       "drops %llu, cpu-clock %llu ns, ctx-switches %llu, task-clock %llu ns\n", t[i].cpu,
+		       (unsigned long long)t[i].records, (unsigned long long)per_s,
+		       (unsigned long long)st[i].poll_ticks, (unsigned long long)st[i].missed_ticks,
+		       (unsigned long long)st[i].drops, (unsigned long long)t[i].sum[0],
+		       (unsigned long long)t[i].sum[1], (unsigned long long)t[i].sum[2]);
+		CHECK(t[i].records > 0 && t[i].backwards == 0 && t[i].bad == 0,
+		      "cpu %u: poll records", t[i].cpu);
+		CHECK(st[i].poll_ticks == t[i].records + st[i].drops, "cpu %u: ticks == records",
+		      t[i].cpu);
+		CHECK(per_s >= 100000 / us, "cpu %u: only %llu ticks/s", t[i].cpu,
+		      (unsigned long long)per_s);
+		CHECK(t[i].misc_seen == HRPERF_MISC_POLL, "cpu %u: misc %llx", t[i].cpu,
+		      (unsigned long long)t[i].misc_seen);
+		CHECK(t[i].sum[0] <= wall && t[i].sum[0] >= elapsed / 2,
+		      "cpu %u: cpu-clock %llu vs %llu..%llu", t[i].cpu,
+		      (unsigned long long)t[i].sum[0], (unsigned long long)elapsed,
+		      (unsigned long long)wall);
+	}
+	/* Each CPU stamps its own read: tick k of two CPUs must not carry one shared time. */
+	if (s.count >= 2) {
+		size_t n = t[0].ntimes < t[1].ntimes ? t[0].ntimes : t[1].ntimes;
+
+		for (size_t k = 0; k < n; k++, compared++)
+			same += t[0].times[k] == t[1].times[k];
+		CHECK(compared > 0 && same * 100 <= compared, "%llu of %llu ticks share a timestamp",
+		      (unsigned long long)same, (unsigned long long)compared);
+		if (n > 2) {
+			uint64_t skew = 0;
+
+			for (size_t k = 0; k < n; k++)
+				skew += t[0].times[k] > t[1].times[k] ? t[0].times[k] - t[1].times[k]
+								      : t[1].times[k] - t[0].times[k];
+			printf("poll: cpu %u vs cpu %u own timestamps differ in %llu of %llu ticks, "
+			       "mean |skew| %llu ns\n", t[0].cpu, t[1].cpu,
+			       (unsigned long long)(compared - same), (unsigned long long)compared,
+			       (unsigned long long)(skew / n));
+		}
+	}
+	printf("MEASURED poll: interval %u us, %llu ticks/s per CPU achieved (cpu %u), missed %llu, "
+	       "drops %llu, reader wakeups %u (TCG timing, not hardware)\n", us,
+	       (unsigned long long)(t[0].records * 1000000000ull / elapsed), t[0].cpu,
+	       (unsigned long long)st[0].missed_ticks, (unsigned long long)st[0].drops, wakeups);
+	for (uint32_t i = 0; i < s.count; i++)
+		free(t[i].times);
+	session_close(&s);
+	printf("ok: poll mode\n");
+}
+
+static void test_instructed(unsigned n)
+{
+	static const uint32_t ev[] = { PERF_COUNT_SW_CPU_CLOCK };
+	struct cpu_tally t[MAX_SLOTS] = { 0 };
+	struct session s;
+	uint64_t t0, elapsed;
+	unsigned readable = 0;
+
+	session_create(&s, HRPERF_MODE_INSTRUCTED, ev, 1, 0, 0, 0);
+	CHECK(ioctl(s.fd, HRPERF_IOC_POLL) == -1 && errno == EINVAL, "POLL before START");
+	t0 = now_ns();
+	CHECK(ioctl(s.fd, HRPERF_IOC_START) == 0, "START instructed");
+	for (unsigned k = 0; k < n; k++) {
+		struct pollfd p = { .fd = s.fd, .events = POLLIN };
+
+		usleep(2000);
+		if (k % 2) {
+			CHECK(ioctl(s.fd, HRPERF_IOC_POLL_LOG) == 0, "POLL_LOG");
+		} else {
+			CHECK(ioctl(s.fd, HRPERF_IOC_POLL) == 0, "POLL");
+			CHECK(ioctl(s.fd, HRPERF_IOC_LOG) == 0, "LOG");
+		}
+		CHECK(poll(&p, 1, 1000) == 1 && (p.revents & POLLIN), "readable after LOG");
+		readable++;
+		drain_all(&s, t);
+		CHECK(poll(&p, 1, 0) == 0, "not readable after CONSUME");
+	}
+	elapsed = now_ns() - t0;
+	CHECK(ioctl(s.fd, HRPERF_IOC_STOP) == 0, "STOP instructed");
+	CHECK(ioctl(s.fd, HRPERF_IOC_POLL) == -1 && errno == EINVAL, "POLL after STOP");
+	drain_all(&s, t);
+	for (uint32_t i = 0; i < s.count; i++) {
+		printf("instructed cpu %u: records %llu, cpu-clock %llu ns over %llu ns\n", t[i].cpu,
+		       (unsigned long long)t[i].records, (unsigned long long)t[i].sum[0],
+		       (unsigned long long)elapsed);
+		CHECK(t[i].records == n && t[i].backwards == 0 && t[i].bad == 0 &&
+		      t[i].misc_seen == HRPERF_MISC_INSTRUCTED, "cpu %u: %llu instructed records",
+		      t[i].cpu, (unsigned long long)t[i].records);
+		CHECK(t[i].sum[0] <= elapsed && t[i].sum[0] >= elapsed / 2,
+		      "cpu %u: cpu-clock", t[i].cpu);
+	}
+	session_close(&s);
+	printf("ok: instructed mode, %u POLL/LOG pairs, reader woken %u times\n", n, readable);
+}
+
+static void test_mmap(void)
+{
+	static const uint32_t ev[] = { PERF_COUNT_SW_CPU_CLOCK };
+	struct session s;
+	int fd = dev_open();
+	void *p;
+
+	CHECK(mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0) == MAP_FAILED, "mmap before CREATE");
+	close(fd);
+	session_create(&s, HRPERF_MODE_INSTRUCTED, ev, 1, 0, 0, 0);
+	p = mmap(NULL, s.map_len, PROT_READ | PROT_WRITE, MAP_SHARED, s.fd, 0);
+	CHECK(p == MAP_FAILED && errno == EPERM, "PROT_WRITE mapping refused");
+	p = mmap(NULL, s.map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE, s.fd, 0);
+	CHECK(p == MAP_FAILED, "PROT_WRITE private mapping refused");
+	CHECK(mprotect((void *)s.map, 4096, PROT_READ | PROT_WRITE) == -1, "mprotect to write");
+	p = mmap(NULL, s.map_len + 4096, PROT_READ, MAP_SHARED, s.fd, 0);
+	CHECK(p == MAP_FAILED && errno == EINVAL, "mapping past the buffers");
+	p = mmap(NULL, 4096, PROT_READ, MAP_SHARED, s.fd, (off_t)s.buf_size);
+	CHECK(p != MAP_FAILED, "mapping one buffer at its offset");
+	CHECK(s.count < 2 || ((const struct hrperf_buffer_header *)p)->cpu == s.slots[1].cpu,
+	      "second buffer's header");
+	munmap(p, 4096);
+	/* The buffers outlive DESTROY while mapped (page references). */
+	CHECK(ioctl(s.fd, HRPERF_IOC_DESTROY) == 0, "DESTROY while mapped");
+	CHECK(hdr_of(&s, 0)->magic == HRPERF_BUFFER_MAGIC, "mapping readable after DESTROY");
+	session_close(&s);
+	printf("ok: buffers map read-only; PROT_WRITE and mprotect refused\n");
+}
+
+static void test_busy_format(void)
+{
+	static const uint32_t ev[] = { PERF_COUNT_SW_CPU_CLOCK };
+	struct session s;
+	int r;
+
+	session_create(&s, HRPERF_MODE_INSTRUCTED, ev, 1, 0, 0, 0);
+	r = syscall(SYS_delete_module, "fmt_delta", O_NONBLOCK);
+	/* 6.12 answers "in use" with EWOULDBLOCK (EAGAIN); older kernels with EBUSY. */
+	CHECK(r == -1 && (errno == EBUSY || errno == EWOULDBLOCK),
+	      "rmmod fmt_delta with a session open");
+	printf("ok: rmmod fmt_delta refused while a session uses it (errno %d %s)\n", errno,
+	       strerror(errno));
+	session_close(&s);
+}
+
+/* ---- abuse ---- */
+
+static int allowed_errno(int e)
+{
+	return e == EINVAL || e == E2BIG || e == EFAULT || e == ENOTTY || e == EBUSY ||
+	       e == ENOENT || e == ENOMEM || e == ENODEV || e == EOPNOTSUPP;
+}
+
+static void abuse(unsigned rounds)
+{
+	static const unsigned long cmds[] = {
+		HRPERF_IOC_INFO, HRPERF_IOC_FORMATS, HRPERF_IOC_CREATE, HRPERF_IOC_START,
+		HRPERF_IOC_STOP, HRPERF_IOC_RESTART, HRPERF_IOC_DESTROY, HRPERF_IOC_STATS,
+		HRPERF_IOC_BUFFERS, HRPERF_IOC_CONSUME, HRPERF_IOC_POLL, HRPERF_IOC_LOG,
+		HRPERF_IOC_POLL_LOG,
+		/* unknown: other numbers, directions, sizes and types */
+		_IO('H', 0x13), _IO('H', 0xff), _IOWR('H', 0x0a, uint64_t), _IOR('H', 0x00, int),
+		_IOW('H', 0x02, uint32_t), _IO('X', 0x03), _IOWR('H', 0x07, char[4096]), 0, ~0ul,
+		0x5401 /* TCGETS */,
+	};
+	const size_t ncmds = sizeof(cmds) / sizeof(cmds[0]);
+	long page = sysconf(_SC_PAGESIZE);
+	uint8_t *guard, *garbage;
+	uint64_t calls = 0, ok = 0, errs[8] = { 0 };
+	unsigned seed = 12345;
+	static const uint32_t ev[] = { PERF_COUNT_SW_CPU_CLOCK };
+	struct session live;
+
+	/* a page followed by an unmapped one, for structs running off the end */
+	guard = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(guard != MAP_FAILED, "guard mmap");
+	munmap(guard + page, page);
+	garbage = malloc(8192);
+	CHECK(garbage, "malloc");
+
+	/* one session that stays alive and running through the abuse */
+	session_create(&live, HRPERF_MODE_INSTRUCTED, ev, 1, 0, 0, 0);
+	CHECK(ioctl(live.fd, HRPERF_IOC_START) == 0, "START live");
+
+	for (unsigned round = 0; round < rounds; round++) {
+		int fds[2] = { dev_open(), live.fd };
+
+		for (size_t ci = 0; ci < ncmds; ci++) {
+			for (int kind = 0; kind < 14; kind++) {
+				unsigned long arg;
+				uint32_t *w = (uint32_t *)garbage;
+
+				for (int k = 0; k < 2048; k++)
+					w[k] = rand_r(&seed);
+				switch (kind) {
+				case 0: arg = 0; break;				/* NULL */
+				case 1: arg = 1; break;				/* tiny */
+				case 2: arg = (uintptr_t)garbage + 3; break;	/* unaligned garbage */
+				case 3: arg = (uintptr_t)garbage; break;	/* garbage */
+				case 4: w[0] = 4; arg = (uintptr_t)garbage; break;	/* short */
+				case 5: w[0] = 7; arg = (uintptr_t)garbage + 1; break;
+				case 6: w[0] = 1 << 20; arg = (uintptr_t)garbage; break; /* huge */
+				case 7: /* oversized with a zero tail, garbage body */
+					w[0] = 1024; memset(garbage + 512, 0, 512);
+					arg = (uintptr_t)garbage; break;
+				case 8: /* oversized with a non-zero tail */
+					w[0] = 1024; arg = (uintptr_t)garbage; break;
+				case 9: arg = 0xffffffff81000000ul; break;	/* kernel text */
+				case 10: arg = 0xffff888000000000ul; break;	/* direct map */
+				case 11: arg = ~0ul - 3; break;
+				case 12: /* valid size at the end of a page: runs into the hole */
+					arg = (uintptr_t)guard + page - 8;
+					((uint32_t *)arg)[0] = 424; ((uint32_t *)arg)[1] = 0;
+					break;
+				default: /* plausible struct, garbage pointers inside */
+					w[0] = 24 + (rand_r(&seed) % 3) * 8;
+					w[1] = 1000; w[2] = 0; w[3] = 0;
+					((uint64_t *)garbage)[2] = 0xffffffff81000000ul;
+					arg = (uintptr_t)garbage; break;
+				}
+				for (int f = 0; f < 2; f++) {
+					int r = ioctl(fds[f], cmds[ci], arg);
+
+					calls++;
+					if (r >= 0) {
+						ok++;
+						continue;
+					}
+					CHECK(allowed_errno(errno), "cmd %#lx arg kind %d: errno %d",
+					      cmds[ci], kind, errno);
+					errs[errno == EINVAL ? 0 : errno == E2BIG ? 1 :
+					     errno == EFAULT ? 2 : errno == ENOTTY ? 3 : 4]++;
+				}
+			}
+		}
+		/* the live session may have been stopped or destroyed: bring it back */
+		if (ioctl(live.fd, HRPERF_IOC_START) != 0 && errno != EINVAL)
+			fail("restart live session");
+		close(fds[0]);
+	}
+	printf("MEASURED abuse: %llu ioctls, %llu succeeded, EINVAL %llu E2BIG %llu EFAULT %llu "
+	       "ENOTTY %llu other %llu\n", (unsigned long long)calls, (unsigned long long)ok,
+	       (unsigned long long)errs[0], (unsigned long long)errs[1],
+	       (unsigned long long)errs[2], (unsigned long long)errs[3],
+	       (unsigned long long)errs[4]);
+	CHECK(errs[0] && errs[1] && errs[2] && errs[3], "every error class seen");
+	/* Specific answers the ABI promises. */
+	{
+		int fd = dev_open();
+		struct hrperf_session_create c;
+		uint8_t big[sizeof(c) + 8];
+
+		CHECK(ioctl(fd, _IO('H', 0x42)) == -1 && errno == ENOTTY, "unknown cmd: ENOTTY");
+		CHECK(ioctl(fd, HRPERF_IOC_INFO, NULL) == -1 && errno == EFAULT, "NULL: EFAULT");
+		memset(&c, 0, sizeof(c));
+		c.size = sizeof(c) - 8;
+		CHECK(ioctl(fd, HRPERF_IOC_CREATE, &c) == -1 && errno == EINVAL, "short: EINVAL");
+		memset(big, 0, sizeof(big));
+		c.size = sizeof(big);
+		strcpy(c.format_name, "delta");
+		c.mode = HRPERF_MODE_INSTRUCTED;
+		c.nr_events = 1;
+		c.events[0].type = HRPERF_EVENT_TYPE_SOFTWARE;
+		memcpy(big, &c, sizeof(c));
+		big[sizeof(c) + 3] = 1;
+		CHECK(ioctl(fd, HRPERF_IOC_CREATE, big) == -1 && errno == E2BIG, "tail: E2BIG");
+		big[sizeof(c) + 3] = 0;
+		((struct hrperf_session_create *)big)->reserved[2] = 1;
+		CHECK(ioctl(fd, HRPERF_IOC_CREATE, big) == -1 && errno == EINVAL, "reserved: EINVAL");
+		((struct hrperf_session_create *)big)->reserved[2] = 0;
+		CHECK(ioctl(fd, HRPERF_IOC_CREATE, big) == 0, "oversized with zero tail: accepted");
+		strcpy(((struct hrperf_session_create *)big)->format_name, "nope");
+		CHECK(ioctl(fd, HRPERF_IOC_CREATE, big) == -1 && errno == EBUSY, "second CREATE");
+		CHECK(ioctl(fd, HRPERF_IOC_DESTROY) == 0, "DESTROY");
+		CHECK(ioctl(fd, HRPERF_IOC_CREATE, big) == -1 && errno == ENOENT, "unknown format");
+		close(fd);
+	}
+	session_close(&live);
+	munmap(guard, page);
+	free(garbage);
+	printf("ok: abuse pass, no oops; module answers as the ABI says\n");
+}
+
+static void quick(void)
+{
+	static const uint32_t ev[] = { PERF_COUNT_SW_CPU_CLOCK, PERF_COUNT_SW_PAGE_FAULTS };
+	struct cpu_tally t[MAX_SLOTS] = { 0 };
+	struct session s;
+
+	session_create(&s, HRPERF_MODE_INSTRUCTED, ev, 2, 0, 0, 0);
+	CHECK(ioctl(s.fd, HRPERF_IOC_START) == 0 && ioctl(s.fd, HRPERF_IOC_POLL_LOG) == 0 &&
+	      ioctl(s.fd, HRPERF_IOC_STOP) == 0, "quick session");
+	drain_all(&s, t);
+	CHECK(t[0].records == 1, "quick: one record");
+	session_close(&s);
+}
+
+int main(int argc, char **argv)
+{
+	const char *what = argc > 1 ? argv[1] : "";
+	unsigned a1 = argc > 2 ? (unsigned)atoi(argv[2]) : 0;
+	unsigned a2 = argc > 3 ? (unsigned)atoi(argv[3]) : 0;
+
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (!strcmp(what, "info"))
+		test_info();
+	else if (!strcmp(what, "overflow"))
+		test_overflow(a1 ? a1 : 1000);
+	else if (!strcmp(what, "drops"))
+		test_drops();
+	else if (!strcmp(what, "poll"))
+		test_poll(a1 ? a1 : 1000, a2 ? a2 : 1000);
+	else if (!strcmp(what, "instructed"))
+		test_instructed(a1 ? a1 : 100);
+	else if (!strcmp(what, "mmap"))
+		test_mmap();
+	else if (!strcmp(what, "busy-format"))
+		test_busy_format();
+	else if (!strcmp(what, "abuse"))
+		abuse(a1 ? a1 : 10);
+	else if (!strcmp(what, "quick"))
+		quick();
+	else
+		fail("usage: hrperf_test info|overflow|poll|instructed|mmap|busy-format|abuse|quick");
+	return 0;
+}
