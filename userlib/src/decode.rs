@@ -1042,3 +1042,74 @@ pub fn write_info(reader: &Reader, scan: &Scan, out: &mut dyn Write) -> io::Resu
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn csv(v: &str) -> String {
+        let mut out = Vec::new();
+        csv_str(&mut out, v).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn csv_quotes_only_when_needed() {
+        assert_eq!(csv("cpu-clock"), "cpu-clock");
+        assert_eq!(csv(""), "");
+        assert_eq!(csv("a,b"), "\"a,b\"");
+        assert_eq!(csv("say \"hi\""), "\"say \"\"hi\"\"\"");
+        assert_eq!(csv("two\nlines"), "\"two\nlines\"");
+        assert_eq!(csv(" padded"), "\" padded\"");
+    }
+
+    fn field(name: &str, kind: FieldKind) -> FieldSchema {
+        FieldSchema {
+            name: name.into(),
+            kind,
+        }
+    }
+
+    #[test]
+    fn columns_are_shared_by_name_across_kinds() {
+        let kinds = vec![
+            KindSchema {
+                name: "a".into(),
+                record_type: RecordType(0x2000),
+                fields: vec![
+                    field("time_ns", FieldKind::Time),
+                    field("counters", FieldKind::Counters),
+                ],
+            },
+            KindSchema {
+                name: "b".into(),
+                record_type: RecordType(0x2001),
+                fields: vec![
+                    field("cpu", FieldKind::U64),
+                    field("time_ns", FieldKind::Time),
+                    field("start", FieldKind::Counters),
+                ],
+            },
+        ];
+        let s = Schema::new(&["x".into(), "y".into()], &kinds);
+        assert_eq!(
+            s.columns,
+            ["kind", "cpu", "time_ns", "x", "y", "start.x", "start.y", "lost"]
+        );
+        // Kind `a` has no cpu field: the host fills the column; kind `b` fills it itself.
+        assert_eq!(s.cells[0][1], Cell::HostCpu);
+        assert_eq!(s.cells[1][1], Cell::Field(0));
+        assert_eq!(s.cells[1][5], Cell::Counter(2, 0));
+        assert_eq!(s.cells[0][5], Cell::Empty);
+        assert_eq!(s.cells[2][7], Cell::Field(0));
+        assert!(s.host_cpu[0] && !s.host_cpu[1] && s.host_cpu[2]);
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(version_string(0x0001_0002), "1.2");
+        assert_eq!(source_name(SOURCE_SIM), "sim");
+        assert_eq!(clock_name(99), "unknown");
+        assert_eq!(mode_name(MODE_POLL), "poll");
+    }
+}

@@ -314,6 +314,8 @@ pub struct Plugin {
     path: PathBuf,
     kinds: Vec<KindSchema>,
     max_fields: usize,
+    /// Per kind, what `decode` checks.
+    checks: Vec<KindCheck>,
     decode: DecodeFn,
     not_sync: PhantomData<Cell<()>>,
     // Last, so it is dropped after everything that came from it.
@@ -515,6 +517,21 @@ impl Plugin {
             .max()
             .unwrap_or(0)
             .max(1);
+        let checks = kinds
+            .iter()
+            .map(|k| KindCheck {
+                abi_kinds: k.fields.iter().map(|f| f.kind.to_abi()).collect(),
+                pointer_fields: (k.fields.iter().enumerate())
+                    .filter(|(_, f)| {
+                        matches!(
+                            f.kind,
+                            FieldKind::Str | FieldKind::Counters | FieldKind::HexList
+                        )
+                    })
+                    .map(|(i, _)| i)
+                    .collect(),
+            })
+            .collect();
         Ok(Plugin {
             name,
             description,
@@ -523,6 +540,7 @@ impl Plugin {
             path,
             kinds,
             max_fields,
+            checks,
             decode,
             not_sync: PhantomData,
             _lib: lib,
@@ -600,8 +618,16 @@ impl Plugin {
             });
         };
         let values = &scratch.values[..kind.fields.len()];
-        for (i, (f, v)) in kind.fields.iter().zip(values).enumerate() {
-            check_value(f.kind, v).map_err(|problem| DecodeError::Value {
+        let check = &self.checks[rc as usize];
+        // Fast path: every present value's kind matches the schema (one pass, no
+        // branches per field), then only the pointer-carrying fields are looked at.
+        let mut mismatch = false;
+        for (v, &want) in values.iter().zip(&check.abi_kinds) {
+            mismatch |= v.flags & FIELD_FL_ABSENT == 0 && v.kind != want;
+        }
+        let slow = if mismatch { 0..values.len() } else { 0..0 };
+        for i in check.pointer_fields.iter().copied().chain(slow) {
+            check_value(kind.fields[i].kind, &values[i]).map_err(|problem| DecodeError::Value {
                 field: i as u32,
                 problem,
             })?;
@@ -613,6 +639,14 @@ impl Plugin {
             _rec: PhantomData,
         })
     }
+}
+
+/// What [`Plugin::decode`] checks for one record kind, precomputed.
+struct KindCheck {
+    /// `FIELD_*` of each field.
+    abi_kinds: Vec<u32>,
+    /// Indices of the fields whose values carry a pointer.
+    pointer_fields: Vec<usize>,
 }
 
 /// Name of the record kind the host decodes itself for `LOST` records.
@@ -660,7 +694,9 @@ fn check_value(kind: FieldKind, v: &FieldValue) -> Result<(), &'static str> {
         // SAFETY: a non-absent STR value points to `len` bytes valid until the next
         // decode call (plugin contract); `len` is bounded and the pointer non-null.
         let bytes = unsafe { raw_bytes(v.ptr, v.len as usize * elem) };
-        std::str::from_utf8(bytes).map_err(|_| "its string is not UTF-8")?;
+        if !bytes.is_ascii() {
+            std::str::from_utf8(bytes).map_err(|_| "its string is not UTF-8")?;
+        }
     }
     Ok(())
 }

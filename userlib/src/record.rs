@@ -280,6 +280,8 @@ pub fn record<W: Write>(
     let mut last_live = Instant::now();
     let mut drains = 0u64;
     let services = Services::NONE;
+    let mut stopping = false;
+    let mut stop_deadline = None;
     loop {
         batch.clear();
         let progress = source.next(&mut batch, Duration::from_millis(100))?;
@@ -335,7 +337,16 @@ pub fn record<W: Write>(
                 bytes: writer.offset(),
             });
         }
-        if finished || timed_out || stop.load(Ordering::Relaxed) {
+        if finished {
+            break;
+        }
+        if !stopping && (timed_out || stop.load(Ordering::Relaxed)) {
+            // Let the source hand over what it still holds before finishing.
+            source.stop()?;
+            stopping = true;
+            stop_deadline = Some(Instant::now() + Duration::from_secs(5));
+        }
+        if stop_deadline.is_some_and(|d| Instant::now() >= d) {
             break;
         }
     }

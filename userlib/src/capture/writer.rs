@@ -298,3 +298,37 @@ fn section(out: &mut Vec<u8>, kind: u32, payload: &[u8]) -> Result<(), CaptureEr
     out.resize(out.len() + align8(payload.len()) - payload.len(), 0);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(kind: u32, size: u16) -> Vec<u8> {
+        let mut b = vec![0u8; size.max(8) as usize];
+        b[0..4].copy_from_slice(&kind.to_ne_bytes());
+        b[6..8].copy_from_slice(&size.to_ne_bytes());
+        b
+    }
+
+    #[test]
+    fn counts_and_checks_framing() {
+        assert_eq!(count_records(&[]).unwrap(), 0);
+        let mut b = rec(0x1000, 16);
+        b.extend(rec(0, 8));
+        b.extend(rec(1, 24));
+        assert_eq!(count_records(&b).unwrap(), 3);
+        assert!(count_records(&b[..b.len() - 8]).is_err());
+        assert!(count_records(&rec(0x1000, 0)).is_err());
+        assert!(count_records(&rec(0x1000, 12)[..8]).is_err());
+        assert!(count_records(&b[..4]).is_err());
+    }
+
+    #[test]
+    fn sections_are_padded() {
+        let mut out = Vec::new();
+        section(&mut out, 9, b"abc").unwrap();
+        assert_eq!(out.len(), 16);
+        assert_eq!(&out[8..11], b"abc");
+        assert!(out[11..].iter().all(|&b| b == 0));
+    }
+}

@@ -145,6 +145,12 @@ pub trait Source {
     fn start_values(&self, _cpu: u32) -> [u64; MAX_COUNTERS] {
         [0; MAX_COUNTERS]
     }
+    /// Asks the source to stop early (Ctrl-C, `--duration`): counting stops, and the
+    /// following [`next`](Self::next) calls deliver what is still buffered (and a final
+    /// reading in poll mode) and then return [`Progress::Finished`].
+    fn stop(&mut self) -> Result<(), SourceError> {
+        Ok(())
+    }
     /// Stops counting, reaps the workload and reports how it ended.
     fn finish(&mut self) -> Result<Finish, SourceError>;
 }

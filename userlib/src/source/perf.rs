@@ -1336,6 +1336,10 @@ impl Source for PerfSource {
     /// it still runs) and reports how it ended. Call it after [`Source::next`] returned
     /// [`Progress::Finished`]; samples still in a ring otherwise are counted in
     /// [`Finish::lost`], never dropped silently.
+    fn stop(&mut self) -> Result<(), SourceError> {
+        PerfSource::stop(self)
+    }
+
     fn finish(&mut self) -> Result<Finish, SourceError> {
         if self.phase == Phase::Closed {
             return Err(SourceError::Config("finish() called twice".into()));

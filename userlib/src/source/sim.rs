@@ -612,6 +612,15 @@ impl Source for SimSource {
         }
     }
 
+    fn stop(&mut self) -> Result<(), SourceError> {
+        // The virtual run ends now: pending poll reads are abandoned, nothing is buffered.
+        self.cfg.duration_ns = self.now_ns;
+        for c in &mut self.cpus {
+            c.read_at = None;
+        }
+        Ok(())
+    }
+
     fn written(&mut self, cpu: u32) -> Option<(usize, u64)> {
         self.cpus.get_mut(cpu as usize).and_then(|c| c.written.take())
     }
