@@ -428,7 +428,7 @@ impl Plugin {
         // SAFETY: as above.
         let description = match unsafe { c_string(d.description) } {
             Ok(s) => s,
-            Err("is null") => String::new(),
+            Err(CStrProblem::Null | CStrProblem::Empty) => String::new(),
             Err(p) => return Err(invalid(format!("description {p}"))),
         };
         let Some(decode) = d.decode else {
@@ -619,18 +619,22 @@ impl Plugin {
         };
         let values = &scratch.values[..kind.fields.len()];
         let check = &self.checks[rc as usize];
-        // Fast path: every present value's kind matches the schema (one pass, no
-        // branches per field), then only the pointer-carrying fields are looked at.
+        // Every present value's kind must match the schema (one branch-free pass), and
+        // the pointer-carrying values must be in bounds (looked at one by one).
         let mut mismatch = false;
         for (v, &want) in values.iter().zip(&check.abi_kinds) {
             mismatch |= v.flags & FIELD_FL_ABSENT == 0 && v.kind != want;
         }
-        let slow = if mismatch { 0..values.len() } else { 0..0 };
-        for i in check.pointer_fields.iter().copied().chain(slow) {
-            check_value(kind.fields[i].kind, &values[i]).map_err(|problem| DecodeError::Value {
-                field: i as u32,
-                problem,
-            })?;
+        if mismatch {
+            return Err(first_bad_value(kind, values));
+        }
+        for &i in &check.pointer_fields {
+            if let Err(problem) = check_value(kind.fields[i].kind, &values[i]) {
+                return Err(DecodeError::Value {
+                    field: i as u32,
+                    problem,
+                });
+            }
         }
         Ok(Decoded {
             kind_index: rc as usize,
@@ -657,17 +661,50 @@ pub const LOST_KIND: &str = "lost";
 /// # Safety
 ///
 /// `p` is null or points to a NUL-terminated string that stays valid for the call.
-unsafe fn c_string(p: *const c_char) -> Result<String, &'static str> {
+unsafe fn c_string(p: *const c_char) -> Result<String, CStrProblem> {
     if p.is_null() {
-        return Err("is null");
+        return Err(CStrProblem::Null);
     }
     // SAFETY: non-null and NUL-terminated per this function's contract.
     let s = unsafe { CStr::from_ptr(p) };
-    let s = s.to_str().map_err(|_| "is not UTF-8")?;
-    if s.is_empty() || s.len() > MAX_NAME {
-        return Err("is empty or too long");
+    let s = s.to_str().map_err(|_| CStrProblem::NotUtf8)?;
+    if s.is_empty() {
+        return Err(CStrProblem::Empty);
+    }
+    if s.len() > MAX_NAME {
+        return Err(CStrProblem::TooLong);
     }
     Ok(s.to_owned())
+}
+
+/// What is wrong with a declaration's string.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+enum CStrProblem {
+    #[error("is null")]
+    Null,
+    #[error("is not UTF-8")]
+    NotUtf8,
+    #[error("is empty")]
+    Empty,
+    #[error("is longer than {MAX_NAME} bytes")]
+    TooLong,
+}
+
+/// The first value that fails [`check_value`] (some value's kind is known to be wrong).
+#[cold]
+fn first_bad_value(kind: &KindSchema, values: &[FieldValue]) -> DecodeError {
+    for (i, (f, v)) in kind.fields.iter().zip(values).enumerate() {
+        if let Err(problem) = check_value(f.kind, v) {
+            return DecodeError::Value {
+                field: i as u32,
+                problem,
+            };
+        }
+    }
+    DecodeError::Value {
+        field: 0,
+        problem: "its kind differs from the schema",
+    }
 }
 
 /// Checks one value the plugin wrote against its schema type.

@@ -331,3 +331,107 @@ fn static_declaration_matches_the_shared_object() {
     assert_eq!(builtin.kinds(), loaded.kinds());
     assert_eq!(builtin.uuid(), loaded.uuid());
 }
+
+/// A C plugin that misbehaves in `decode` in the way the record's first byte selects:
+/// the host must turn each into a `DecodeError`, never hand out a bad value.
+#[test]
+fn misbehaving_decode_values_are_caught() {
+    let src = r#"
+#include <stdint.h>
+#include <stddef.h>
+struct field_desc { const char *name; uint32_t kind; uint32_t flags; };
+struct kind_desc { uint32_t record_type; uint32_t nr_fields; const char *name; const struct field_desc *fields; };
+struct field_value { uint32_t kind; uint32_t flags; uint64_t value; const uint8_t *ptr; uint64_t len; };
+struct decl {
+    uint32_t abi_version; uint32_t size; const char *name; const char *description;
+    uint8_t uuid[16]; uint32_t format_version; uint32_t nr_kinds;
+    const struct kind_desc *kinds; void *decode;
+};
+static const uint8_t bad_utf8[2] = { 0xff, 0xfe };
+static int32_t my_decode(const void *ctx, const uint8_t *rec, size_t len, struct field_value *out, uint32_t cap) {
+    (void)ctx;
+    if (len < 1 || cap < 2) return -4;
+    out[0].kind = 4; out[0].flags = 0; out[0].ptr = (const uint8_t *)"hi"; out[0].len = 2;
+    out[1].kind = 5; out[1].flags = 0; out[1].ptr = rec; out[1].len = len / 8;
+    switch (rec[0]) {
+    case 0: return 0;
+    case 1: out[0].kind = 1; return 0;
+    case 2: out[0].ptr = NULL; out[0].len = 5; return 0;
+    case 3: out[0].ptr = bad_utf8; out[0].len = 2; return 0;
+    case 4: return 7;
+    case 5: return -99;
+    case 6: out[1].len = 1000; return 0;
+    case 7: out[0].flags = 1; out[0].ptr = NULL; out[0].len = 99; return 0;
+    }
+    return -3;
+}
+static const struct field_desc fields[2] = { { "text", 4, 0 }, { "counters", 5, 0 } };
+static const struct kind_desc kinds[1] = { { 0x10000, 2, "thing", fields } };
+static const struct decl d = {
+    1, sizeof(struct decl), "misbehave", "", {9,9,9,9,9,9,9,9,9,9,9,9,9,9,9,9},
+    0x10000, 1, kinds, (void *)my_decode
+};
+const struct decl *hrperf_decoder_plugin(void) { return &d; }
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let so = compile(dir.path(), "libhrperf_decode_misbehave.so", src);
+    let p = Plugin::load(&so).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(p.description(), "", "an empty description is allowed");
+    let ctx = decode_ctx(&meta(), 0);
+    let mut scratch = DecodeScratch::new();
+    let mut rec = [0u8; 16];
+    let d = p.decode(&ctx, &rec, &mut scratch).unwrap();
+    assert_eq!(d.value(0), Value::Str("hi"));
+    assert!(matches!(d.value(1), Value::Counters(c) if c.len() == 2));
+    for (mode, want) in [
+        (
+            1u8,
+            DecodeError::Value {
+                field: 0,
+                problem: "its kind differs from the schema",
+            },
+        ),
+        (
+            2,
+            DecodeError::Value {
+                field: 0,
+                problem: "it has a length but a null pointer",
+            },
+        ),
+        (
+            3,
+            DecodeError::Value {
+                field: 0,
+                problem: "its string is not UTF-8",
+            },
+        ),
+        (
+            4,
+            DecodeError::KindIndex {
+                index: 7,
+                nr_kinds: 1,
+            },
+        ),
+        (5, DecodeError::Code(-99)),
+        (
+            6,
+            DecodeError::Value {
+                field: 1,
+                problem: "its length is out of range",
+            },
+        ),
+    ] {
+        rec[0] = mode;
+        assert_eq!(
+            p.decode(&ctx, &rec, &mut scratch).unwrap_err(),
+            want,
+            "mode {mode}"
+        );
+    }
+    // An absent value's pointer is never looked at.
+    rec[0] = 7;
+    assert_eq!(
+        p.decode(&ctx, &rec, &mut scratch).unwrap().value(0),
+        Value::Absent
+    );
+}
