@@ -31,12 +31,10 @@ use hrperf_abi::capture::{
 use hrperf_abi::format::{MODE_INSTRUCTED, MODE_OVERFLOW, MODE_POLL};
 use hrperf_abi::plugin::DecodeCtx;
 use hrperf_abi::{EventDesc, RecordType};
-use serde::ser::{SerializeMap, SerializeSeq};
-use serde::{Serialize, Serializer};
 
 use crate::capture::{CaptureError, CaptureMeta, Reader, Scan, Warning};
 use crate::plugin::{
-    DecodeError, DecodeScratch, Decoded, FieldKind, FieldSchema, KindSchema, Plugin, U64s, Value,
+    DecodeError, DecodeScratch, Decoded, FieldKind, FieldSchema, KindSchema, Plugin, Value,
     LOST_KIND,
 };
 
@@ -413,9 +411,17 @@ pub fn make_sink<'w, W: Write + 'w>(format: OutputFormat, out: W) -> Box<dyn Sin
 const OUT_BUF: usize = 256 * 1024;
 
 /// JSON lines: one object per record.
+///
+/// Keys are escaped once (by serde_json) when the schema is known; each record then
+/// writes the pre-escaped keys and its values, strings escaped by serde_json.
 #[derive(Debug)]
 pub struct JsonSink<W: Write> {
     out: BufWriter<W>,
+    /// Per kind: `{"kind":"<name>"` and, per field, `,"<name>":`.
+    kinds: Vec<(Vec<u8>, Vec<Vec<u8>>)>,
+    /// Per counter: `"<event>":`.
+    events: Vec<Vec<u8>>,
+    host_cpu: Vec<bool>,
 }
 
 impl<W: Write> JsonSink<W> {
@@ -423,88 +429,100 @@ impl<W: Write> JsonSink<W> {
     pub fn new(out: W) -> Self {
         JsonSink {
             out: BufWriter::with_capacity(OUT_BUF, out),
+            kinds: Vec::new(),
+            events: Vec::new(),
+            host_cpu: Vec::new(),
         }
     }
 }
 
-struct Hex(u64);
-
-impl Serialize for Hex {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&format_args!("{:#x}", self.0))
-    }
+/// `s` as a JSON string.
+fn json_str(out: &mut impl Write, s: &str) -> io::Result<()> {
+    serde_json::to_writer(out, s).map_err(io::Error::from)
 }
 
-struct JsonCounters<'s, 'a> {
-    schema: &'s Schema,
-    list: U64s<'a>,
-}
-
-impl Serialize for JsonCounters<'_, '_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(self.list.len()))?;
-        for (j, v) in self.list.iter().enumerate() {
-            m.serialize_entry(&*self.schema.event_name(j), &v)?;
-        }
-        m.end()
-    }
-}
-
-struct JsonHexList<'a>(U64s<'a>);
-
-impl Serialize for JsonHexList<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut seq = s.serialize_seq(Some(self.0.len()))?;
-        for v in self.0.iter() {
-            seq.serialize_element(&Hex(v))?;
-        }
-        seq.end()
-    }
-}
-
-struct JsonRow<'s, 'a> {
-    schema: &'s Schema,
-    row: &'s Row<'a>,
-}
-
-impl Serialize for JsonRow<'_, '_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let kind = &self.schema.kinds[self.row.kind];
-        let mut m = s.serialize_map(None)?;
-        m.serialize_entry("kind", &kind.name)?;
-        if self.schema.host_cpu[self.row.kind] {
-            m.serialize_entry("cpu", &self.row.cpu)?;
-        }
-        for (i, f) in kind.fields.iter().enumerate() {
-            m.serialize_key(&f.name)?;
-            match self.row.value(i) {
-                Value::Absent => m.serialize_value(&())?,
-                Value::U64(v) | Value::Time(v) => m.serialize_value(&v)?,
-                Value::I64(v) => m.serialize_value(&v)?,
-                Value::Hex(v) => m.serialize_value(&Hex(v))?,
-                Value::Str(v) => m.serialize_value(v)?,
-                Value::Counters(l) => m.serialize_value(&JsonCounters {
-                    schema: self.schema,
-                    list: l,
-                })?,
-                Value::HexList(l) => m.serialize_value(&JsonHexList(l))?,
-            }
-        }
-        m.end()
-    }
+fn json_key(name: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(name.len() + 3);
+    let _ = json_str(&mut k, name);
+    k.push(b':');
+    k
 }
 
 impl<W: Write> Sink for JsonSink<W> {
-    fn begin(&mut self, _schema: &Schema) -> io::Result<()> {
+    fn begin(&mut self, schema: &Schema) -> io::Result<()> {
+        self.kinds = schema
+            .kinds
+            .iter()
+            .map(|k| {
+                let mut prefix = b"{\"kind\":".to_vec();
+                let _ = json_str(&mut prefix, &k.name);
+                let fields = k
+                    .fields
+                    .iter()
+                    .map(|f| {
+                        let mut key = vec![b','];
+                        key.extend(json_key(&f.name));
+                        key
+                    })
+                    .collect();
+                (prefix, fields)
+            })
+            .collect();
+        self.events = schema.events.iter().map(|e| json_key(e)).collect();
+        self.host_cpu = schema.host_cpu.clone();
         Ok(())
     }
 
     fn record(&mut self, schema: &Schema, row: &Row<'_>) -> io::Result<()> {
-        let mut ser = serde_json::Serializer::new(&mut self.out);
-        JsonRow { schema, row }
-            .serialize(&mut ser)
-            .map_err(io::Error::from)?;
-        self.out.write_all(b"\n")
+        let (Some((prefix, keys)), Some(&host_cpu)) =
+            (self.kinds.get(row.kind), self.host_cpu.get(row.kind))
+        else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "row of a kind not in the schema",
+            ));
+        };
+        let out = &mut self.out;
+        out.write_all(prefix)?;
+        if host_cpu {
+            out.write_all(b",\"cpu\":")?;
+            write_u64(out, row.cpu.into())?;
+        }
+        for (i, key) in keys.iter().enumerate() {
+            out.write_all(key)?;
+            match row.value(i) {
+                Value::Absent => out.write_all(b"null")?,
+                Value::U64(v) | Value::Time(v) => write_u64(out, v)?,
+                Value::I64(v) => out.write_all(itoa::Buffer::new().format(v).as_bytes())?,
+                Value::Hex(v) => write!(out, "\"{v:#x}\"")?,
+                Value::Str(v) => json_str(out, v)?,
+                Value::Counters(l) => {
+                    out.write_all(b"{")?;
+                    for (j, v) in l.iter().enumerate() {
+                        if j > 0 {
+                            out.write_all(b",")?;
+                        }
+                        match self.events.get(j) {
+                            Some(k) => out.write_all(k)?,
+                            None => write!(out, "\"{}\":", schema.event_name(j))?,
+                        }
+                        write_u64(out, v)?;
+                    }
+                    out.write_all(b"}")?;
+                }
+                Value::HexList(l) => {
+                    out.write_all(b"[")?;
+                    for (j, v) in l.iter().enumerate() {
+                        if j > 0 {
+                            out.write_all(b",")?;
+                        }
+                        write!(out, "\"{v:#x}\"")?;
+                    }
+                    out.write_all(b"]")?;
+                }
+            }
+        }
+        out.write_all(b"}\n")
     }
 
     fn finish(&mut self) -> io::Result<()> {

@@ -390,7 +390,7 @@ impl Plugin {
         path: PathBuf,
         lib: Option<Library>,
     ) -> Result<Plugin, PluginLoadError> {
-        if decl.is_null() || decl.align_offset(align_of::<PluginDecl>()) != 0 {
+        if decl.is_null() || !decl.is_aligned() {
             return Err(PluginLoadError::BadPointer {
                 path,
                 ptr: decl as usize,

@@ -107,7 +107,7 @@ fn csv_has_one_column_per_counter() {
 }
 
 #[test]
-fn csv_quotes_only_when_needed() {
+fn odd_event_names_are_quoted_and_escaped() {
     let mut m = meta();
     m.events[1].name = "cpu/event=0x3c,umask=0/".into();
     m.events[2].name = "say \"hi\"".into();
@@ -116,6 +116,9 @@ fn csv_quotes_only_when_needed() {
     w.write_chunk(0, &a, n).unwrap();
     let bytes = w.finish(end_info(1, 0)).unwrap();
     let p = delta();
+    let (lines, _) = json_lines(bytes.clone(), &p);
+    assert_eq!(lines[0]["counters"]["cpu/event=0x3c,umask=0/"], 0);
+    assert_eq!(lines[0]["counters"]["say \"hi\""], 3_000_000);
     let mut out = Vec::new();
     decode_capture(&reader(bytes), &p, &mut CsvSink::new(&mut out)).unwrap();
     let text = String::from_utf8(out).unwrap();
