@@ -703,10 +703,15 @@ impl<W: Write> Sink for TableSink<W> {
                 Some(FieldKind::HexList) => (0, false),
                 Some(FieldKind::U64 | FieldKind::I64) => (7, true),
             };
+            // Times are shown in seconds here, so say so in the heading.
+            let label = match (kind, name.strip_suffix("_ns")) {
+                (Some(FieldKind::Time), Some(stem)) => format!("{stem}_s"),
+                _ => name.to_string(),
+            };
             let width = if kind.is_none() {
                 0
             } else {
-                name.len().max(min)
+                label.len().max(min)
             };
             self.widths.push(width);
             self.right.push(right);
@@ -714,7 +719,7 @@ impl<W: Write> Sink for TableSink<W> {
                 if !header.is_empty() {
                     header.push(b' ');
                 }
-                pad(&mut header, name.as_bytes(), width, right);
+                pad(&mut header, label.as_bytes(), width, right);
             }
         }
         trim_end(&mut header);

@@ -8,8 +8,10 @@
 //! ```
 //!
 //! All integers are in the writer's byte order, which [`FileHeader::byte_order`] shows.
-//! Every chunk carries a CRC-32 (IEEE, as zlib's `crc32`) of its payload, so corruption is
-//! detected and reported by offset; chunks before a damaged one still decode.
+//! Checksums are CRC-32 (IEEE, as zlib's `crc32`): [`FileHeader::header_crc32`] covers the
+//! header (with that field zeroed) and the metadata; each [`ChunkHeader::crc32`] covers
+//! its chunk header (with that field zeroed) and payload. Corruption anywhere is detected
+//! and reported by offset; chunks before a damaged one still decode.
 
 use crate::format::Uuid;
 use crate::NAME_LEN;
@@ -79,8 +81,12 @@ abi_struct! {
         pub poll_interval_ns: u64,
         /// Bytes of metadata sections after the header.
         pub metadata_size: u64,
+        /// CRC-32 of the `header_size` header bytes (this field zeroed) and the metadata.
+        pub header_crc32: u32,
         /// Reserved, zero.
-        pub reserved: [u64; 6],
+        pub reserved0: u32,
+        /// Reserved, zero.
+        pub reserved: [u64; 5],
     }
 }
 const _: () = assert!(core::mem::size_of::<FileHeader>() == 192);
@@ -137,7 +143,7 @@ abi_struct! {
         pub size: u64,
         /// Records in the payload (data chunks).
         pub records: u64,
-        /// CRC-32 (IEEE) of the payload.
+        /// CRC-32 (IEEE) of this header (with `crc32` zeroed) followed by the payload.
         pub crc32: u32,
         /// Reserved, zero.
         pub reserved: u32,

@@ -169,6 +169,14 @@ pub enum HeaderProblem {
     /// The format name is not NUL-terminated, zero-padded UTF-8.
     #[error("the format name is not NUL-terminated, zero-padded UTF-8")]
     FormatName,
+    /// The header and metadata checksum does not match: they are damaged.
+    #[error("header/metadata checksum mismatch (stored {expected:#010x}, computed {actual:#010x}): the header or metadata is damaged")]
+    Crc {
+        /// Stored.
+        expected: u32,
+        /// Computed.
+        actual: u32,
+    },
     /// The metadata runs past the end of the file.
     #[error(
         "metadata_size {size} runs past the end of the file ({available} bytes after the header)"

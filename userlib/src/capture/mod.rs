@@ -58,7 +58,7 @@ pub use error::{
 pub use reader::{Chunk, Chunks, Reader};
 pub use records::{Record, Records};
 pub use scan::{CpuSummary, Scan};
-pub use writer::Writer;
+pub use writer::{chunk_crc, header_crc, Writer};
 
 /// Everything the capture file says about a recording besides its chunks.
 ///

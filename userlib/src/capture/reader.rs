@@ -319,7 +319,7 @@ impl<'a> Iterator for Chunks<'a> {
                 },
             );
         };
-        let crc = crc32fast::hash(payload);
+        let crc = super::writer::chunk_crc(&h, payload);
         if crc != h.crc32 {
             return self.bad(
                 pos,
@@ -452,6 +452,14 @@ fn parse_head(path: &Path, data: &[u8]) -> Result<Head, CaptureError> {
             },
         ));
     }
+    if h.reserved0 != 0 {
+        return Err(hdr_err(
+            offset_of!(FileHeader, reserved0),
+            HeaderProblem::Reserved {
+                found: h.reserved0.into(),
+            },
+        ));
+    }
     if let Some(i) = h.reserved.iter().position(|&r| r != 0) {
         return Err(hdr_err(
             offset_of!(FileHeader, reserved) + 8 * i,
@@ -488,6 +496,19 @@ fn parse_head(path: &Path, data: &[u8]) -> Result<Head, CaptureError> {
         ));
     }
     let meta_end = header_size + h.metadata_size as usize;
+    // Every header and metadata byte is covered, so damage to free-valued fields (UUID,
+    // times, event encodings, CPU numbers) is caught too, not only structural damage.
+    let crc_off = offset_of!(FileHeader, header_crc32);
+    let actual = super::writer::header_crc(&data[..header_size], &data[header_size..meta_end]);
+    if actual != h.header_crc32 {
+        return Err(hdr_err(
+            crc_off,
+            HeaderProblem::Crc {
+                expected: h.header_crc32,
+                actual,
+            },
+        ));
+    }
 
     let mut meta = CaptureMeta {
         format_name,

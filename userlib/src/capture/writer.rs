@@ -86,8 +86,11 @@ impl<W: Write> Writer<W> {
             sample_period: meta.sample_period,
             poll_interval_ns: meta.poll_interval_ns,
             metadata_size: metadata.len() as u64,
-            reserved: [0; 6],
+            header_crc32: 0,
+            reserved0: 0,
+            reserved: [0; 5],
         };
+        let header = FileHeader { header_crc32: header_crc(header.as_bytes(), &metadata), ..header };
         let mut w = Writer {
             out: BufWriter::with_capacity(BUF_SIZE, out),
             path: name.to_owned(),
@@ -189,9 +192,10 @@ impl<W: Write> Writer<W> {
             flags: 0,
             size: payload.len() as u64,
             records,
-            crc32: crc32fast::hash(payload),
+            crc32: 0,
             reserved: 0,
         };
+        let header = ChunkHeader { crc32: chunk_crc(&header, payload), ..header };
         self.put(header.as_bytes(), op)?;
         self.put(payload, op)?;
         self.chunks += 1;
@@ -331,4 +335,26 @@ mod tests {
         assert_eq!(&out[8..11], b"abc");
         assert!(out[11..].iter().all(|&b| b == 0));
     }
+}
+
+/// The checksum of a chunk: its header with `crc32` zeroed, then its payload.
+pub fn chunk_crc(header: &ChunkHeader, payload: &[u8]) -> u32 {
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(ChunkHeader { crc32: 0, ..*header }.as_bytes());
+    crc.update(payload);
+    crc.finalize()
+}
+
+/// The checksum of the file header (`header_size` bytes, `header_crc32` taken as zero)
+/// and the metadata after it.
+pub fn header_crc(header: &[u8], metadata: &[u8]) -> u32 {
+    let at = std::mem::offset_of!(FileHeader, header_crc32);
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&header[..at.min(header.len())]);
+    if header.len() >= at + 4 {
+        crc.update(&[0; 4]);
+        crc.update(&header[at + 4..]);
+    }
+    crc.update(metadata);
+    crc.finalize()
 }

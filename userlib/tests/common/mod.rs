@@ -200,3 +200,16 @@ pub fn delta_plugin_path() -> PathBuf {
             )
         })
 }
+
+/// Recomputes the header/metadata checksum after a test edited header or metadata bytes
+/// on purpose, so the reader reaches the structural check under test.
+pub fn reseal_header(bytes: &mut [u8]) {
+    use std::mem::offset_of;
+    let hs_off = offset_of!(hrperf_abi::capture::FileHeader, header_size);
+    let ms_off = offset_of!(hrperf_abi::capture::FileHeader, metadata_size);
+    let header_size = u32::from_ne_bytes(bytes[hs_off..hs_off + 4].try_into().unwrap()) as usize;
+    let meta = u64::from_ne_bytes(bytes[ms_off..ms_off + 8].try_into().unwrap()) as usize;
+    let crc = hrperf::capture::header_crc(&bytes[..header_size], &bytes[header_size..header_size + meta]);
+    let at = offset_of!(hrperf_abi::capture::FileHeader, header_crc32);
+    bytes[at..at + 4].copy_from_slice(&crc.to_ne_bytes());
+}

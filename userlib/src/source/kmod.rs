@@ -1,0 +1,717 @@
+//! The kmod source: a client of `/dev/hrperf` (hrperf-core.ko), where the kernel runs the
+//! engine and the format and userspace only reads the finished records.
+//!
+//! Reference: `core-kmod/abi/src/ioctl.rs` (ioctls, argument structs), `buffer.rs` (the
+//! per-CPU buffer header), `include/hrperf.h` (the same for C), and
+//! `tools/vm/guest/hrperf_test.c` (the kernel side's own test, driving the device in C).
+//!
+//! Unlike `perf` and `sim`, this source does not implement [`super::Source`]: its samples
+//! never pass through the userspace engine. The kernel's overflow handler, poll thread or
+//! instructed ioctl dispatches them to the format module, which writes records into
+//! per-CPU rings that userspace maps read-only. So the kmod path is its own recorder,
+//! producing the same capture file as [`crate::record`]:
+//!
+//! ```text
+//! open /dev/hrperf ─ INFO ─ FORMATS ─ CREATE ─ BUFFERS ─ mmap(PROT_READ) ─ START
+//!   loop: poll(fd, POLLIN, 100 ms) → per CPU: RingReader::read in place → capture chunk
+//!         → HRPERF_IOC_CONSUME(new tail)
+//! STOP ─ last drain ─ STATS → stats chunk ─ END ─ DESTROY ─ close
+//! ```
+//!
+//! The pieces (all of the kmod path lives under this module):
+//!
+//! - [`sys`]: every system call, behind [`KmodSys`], with [`fake::FakeKmod`] for tests;
+//! - this file: [`Device`] (an open `/dev/hrperf`: module info, formats) and [`Session`]
+//!   (a created session: mapping, start/stop, instructed poll/log, ring draining, stats);
+//! - [`record`]: the recorder (`hrperf record --source kmod`);
+//! - [`control`] and [`daemon`]: a session that outlives one command (`hrperf start`,
+//!   `pause`, `poll`, `log`, `poll-log`, `stop`, and the C API's attach by fd).
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use hrperf::source::kmod::{KmodConfig, LinuxKmodSys, Mode, Session};
+//! use hrperf::source::perf::parse_events;
+//!
+//! let cfg = KmodConfig {
+//!     events: parse_events("cpu-clock,page-faults")?,
+//!     mode: Mode::Instructed,
+//!     ..KmodConfig::default()
+//! };
+//! let mut s = Session::create(Arc::new(LinuxKmodSys), &cfg)?;
+//! s.start()?;
+//! s.poll_log()?; // one record per CPU
+//! s.stop()?;
+//! let mut chunk = Vec::new();
+//! for i in 0..s.cpus().len() {
+//!     let (cpu, n) = s.drain_cpu(i, &mut chunk)?;
+//!     println!("CPU {cpu}: {n} records, {} bytes", chunk.len());
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use hrperf_abi::buffer::{BUFFER_MAGIC, BUFFER_VERSION};
+use hrperf_abi::format::{FMT_FL_RING, MODE_DEFAULT, MODE_INSTRUCTED, MODE_OVERFLOW, MODE_POLL};
+use hrperf_abi::ioctl::{
+    BufferSlot, BuffersArg, ConsumeArg, CpuStats, FormatInfo, FormatList, ModuleInfo,
+    SessionCreate, StatsArg, IOCTL_ABI_VERSION,
+};
+use hrperf_abi::{fixed_name, name_bytes, BufferHeader, CpuMask, EventDesc, MAX_COUNTERS, MAX_CPUS};
+use hrperf_engine::{Buffer, RingReader};
+
+use super::EventSpec;
+use crate::capture::CaptureError;
+
+pub mod control;
+pub mod daemon;
+pub mod fake;
+pub mod record;
+pub mod sys;
+#[cfg(test)]
+mod tests;
+
+pub use sys::{Ioctl, KmodSys, LinuxKmodSys};
+
+/// Where hrperf-core.ko puts its device.
+pub const DEFAULT_DEVICE: &str = "/dev/hrperf";
+
+/// Environment variable through which `hrperf record` hands the session's descriptor to
+/// the recorded command (the C API attaches to it, see `include/hrperf_api.h`).
+pub const ENV_FD: &str = "HRPERF_FD";
+
+/// Errors of the kmod client: each is one line naming what failed and what to do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KmodError {
+    /// The device node does not exist.
+    #[error("no {}: the hrperf kernel module is not loaded (insmod hrperf-core.ko, then insmod fmt-<format>.ko, e.g. fmt-delta.ko), or record with --source perf", path.display())]
+    NotLoaded {
+        /// The device path.
+        path: PathBuf,
+    },
+    /// Not allowed to open the device.
+    #[error("permission denied opening {} (hrperf-core.ko makes it root-only, mode 0600, by default): run as root, or load the module with dev_mode=0660 dev_gid=<group> and use an account in that group", path.display())]
+    Permission {
+        /// The device path.
+        path: PathBuf,
+    },
+    /// The module speaks another ioctl ABI.
+    #[error("hrperf-core.ko speaks ioctl ABI {found}, this hrperf speaks {IOCTL_ABI_VERSION}: load the module built from the same hrperf release")]
+    Abi {
+        /// The module's ABI version.
+        found: u32,
+    },
+    /// The format asked for is not registered with the core.
+    #[error("format '{name}' is not registered with hrperf-core: insmod fmt-{name}.ko (registered formats: {registered})")]
+    FormatNotRegistered {
+        /// The format asked for.
+        name: String,
+        /// The registered formats, comma-separated, or "none".
+        registered: String,
+    },
+    /// An ioctl failed; `hint` says what it means for that command.
+    #[error("{call} failed: {source}{hint}")]
+    Ioctl {
+        /// The command, e.g. `HRPERF_IOC_CREATE`.
+        call: &'static str,
+        /// The OS error.
+        source: io::Error,
+        /// What it means, starting with ": ", or empty.
+        hint: String,
+    },
+    /// Another system call failed.
+    #[error("{call} failed: {source}")]
+    Syscall {
+        /// The call, e.g. `mmap(/dev/hrperf, 524288 bytes)`.
+        call: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The kernel's buffer does not look as the ABI says.
+    #[error("CPU {cpu}'s buffer: {what}")]
+    Buffer {
+        /// The CPU.
+        cpu: u32,
+        /// What was wrong.
+        what: String,
+    },
+    /// The configuration cannot be honoured.
+    #[error("{0}")]
+    Config(String),
+    /// The command to record could not be started.
+    #[error("cannot run '{cmd}': {source}")]
+    Command {
+        /// The command.
+        cmd: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Writing the capture failed.
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    /// Talking to an `hrperf start` session failed.
+    #[error("{0}")]
+    Control(String),
+}
+
+impl KmodError {
+    /// The errno behind the error, if a system call failed (`-errno` is what the C API
+    /// returns).
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            KmodError::NotLoaded { .. } => Some(libc::ENOENT),
+            KmodError::Permission { .. } => Some(libc::EACCES),
+            KmodError::FormatNotRegistered { .. } => Some(libc::ENOENT),
+            KmodError::Ioctl { source, .. }
+            | KmodError::Syscall { source, .. }
+            | KmodError::Command { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}
+
+/// What a failed ioctl means, per command and errno (the kernel's contract in
+/// `core-kmod/kmod/file.rs`).
+fn ioctl_hint(call: &'static str, errno: Option<i32>) -> String {
+    let e = errno.unwrap_or(0);
+    let hint = match (call, e) {
+        (_, libc::ENODEV) => "the module is unloading (reload hrperf-core.ko)",
+        (_, libc::ENOTTY) => "not an hrperf device, or hrperf-core.ko is older than this hrperf",
+        (_, libc::EFAULT) => "the module could not access the argument (a bug in hrperf: please report it)",
+        (_, libc::E2BIG) => "hrperf-core.ko is older than this hrperf and does not know a field it was given",
+        ("HRPERF_IOC_CREATE", libc::EINVAL) => {
+            "the module refused the session: check the events (software, hardware, hw-cache or raw), the period (-c, > 0), the poll interval (10 µs to 10 s) and the CPU list (online CPUs)"
+        }
+        ("HRPERF_IOC_CREATE", libc::ENOENT | libc::EOPNOTSUPP) => {
+            "an event is not available on this machine (hardware events need a PMU; software events such as cpu-clock, task-clock, page-faults, context-switches work everywhere)"
+        }
+        ("HRPERF_IOC_CREATE", libc::ENOMEM) => "the buffers do not fit: use a smaller --buffer-size (at most 1 GiB over all CPUs)",
+        ("HRPERF_IOC_CREATE", libc::EBUSY) => "this file already has a session",
+        ("HRPERF_IOC_START", libc::EINVAL) => "the session is already running",
+        ("HRPERF_IOC_STOP", libc::EINVAL) => "the session is not running (already paused)",
+        ("HRPERF_IOC_POLL" | "HRPERF_IOC_LOG" | "HRPERF_IOC_POLL_LOG", libc::EINVAL) => {
+            "the session is not in instructed mode, or it is paused"
+        }
+        (_, libc::EINVAL) => "no session on this file, or an argument the module refused",
+        (_, libc::EBUSY) => "a CPU stayed busy in an overflow handler; try again",
+        _ => return String::new(),
+    };
+    format!(": {hint}")
+}
+
+/// Builds [`KmodError::Ioctl`] for `call` from an OS error.
+pub(crate) fn ioctl_error(call: &'static str, source: io::Error) -> KmodError {
+    let hint = ioctl_hint(call, source.raw_os_error());
+    KmodError::Ioctl { call, source, hint }
+}
+
+/// How the session samples.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// The module's default (`mode=` parameter); overflow then uses
+    /// [`DEFAULT_PERIOD`].
+    #[default]
+    Default,
+    /// A sample every `period` events of the leader counter (overflow interrupt).
+    Overflow {
+        /// Sampling period.
+        period: u64,
+    },
+    /// Every CPU reads its counters every `interval_ns` (0: the module's `poll_us`).
+    Poll {
+        /// Poll interval in ns, 0 for the module's.
+        interval_ns: u64,
+    },
+    /// Counters are read only when asked: `HRPERF_IOC_POLL`/`LOG`/`POLL_LOG`.
+    Instructed,
+}
+
+/// Period used when the module's default mode is overflow and none was given (1 ms of
+/// cpu-clock, or a million events of another leader).
+pub const DEFAULT_PERIOD: u64 = 1_000_000;
+
+/// The name of a `MODE_*` value.
+pub fn mode_name(mode: u32) -> &'static str {
+    match mode {
+        MODE_OVERFLOW => "overflow",
+        MODE_POLL => "poll",
+        MODE_INSTRUCTED => "instructed",
+        _ => "unknown",
+    }
+}
+
+/// What session to create.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KmodConfig {
+    /// The device ([`DEFAULT_DEVICE`]).
+    pub device: PathBuf,
+    /// Format name (a registered `fmt-<name>.ko`).
+    pub format: String,
+    /// Counters, leader first (1..=8).
+    pub events: Vec<EventSpec>,
+    /// Sampling mode.
+    pub mode: Mode,
+    /// CPUs to monitor; `None` for all online CPUs.
+    pub cpus: Option<Vec<u32>>,
+    /// Per-CPU data area hint in bytes, 0 for the format's default.
+    pub data_size: u64,
+    /// Format argument bytes (empty: none).
+    pub format_arg: Vec<u8>,
+}
+
+impl Default for KmodConfig {
+    fn default() -> Self {
+        KmodConfig {
+            device: PathBuf::from(DEFAULT_DEVICE),
+            format: "delta".into(),
+            events: Vec::new(),
+            mode: Mode::Default,
+            cpus: None,
+            data_size: 0,
+            format_arg: Vec::new(),
+        }
+    }
+}
+
+/// An open `/dev/hrperf` (no session yet): module information and formats.
+#[derive(Debug)]
+pub struct Device {
+    sys: Arc<dyn KmodSys>,
+    fd: i32,
+    path: PathBuf,
+}
+
+impl Device {
+    /// Opens the device, with clear errors for a missing module or missing permission.
+    pub fn open(sys: Arc<dyn KmodSys>, path: &Path) -> Result<Device, KmodError> {
+        let fd = sys.open(path).map_err(|source| match source.raw_os_error() {
+            Some(libc::ENOENT) => KmodError::NotLoaded { path: path.to_owned() },
+            Some(libc::EACCES | libc::EPERM) => KmodError::Permission { path: path.to_owned() },
+            Some(libc::ENXIO | libc::ENODEV) => KmodError::NotLoaded { path: path.to_owned() },
+            _ => KmodError::Syscall { call: format!("open({})", path.display()), source },
+        })?;
+        Ok(Device { sys, fd, path: path.to_owned() })
+    }
+
+    /// The descriptor.
+    pub fn fd(&self) -> i32 {
+        self.fd
+    }
+
+    /// `HRPERF_IOC_INFO`, checking the ABI version.
+    pub fn info(&self) -> Result<ModuleInfo, KmodError> {
+        let mut info = ModuleInfo {
+            size: core::mem::size_of::<ModuleInfo>() as u32,
+            abi_version: 0,
+            module_version: 0,
+            default_mode: 0,
+            poll_us: 0,
+            nr_formats: 0,
+            nr_sessions: 0,
+            nr_cpus: 0,
+            total_drops: 0,
+            reserved: [0; 4],
+        };
+        self.sys.ioctl(self.fd, Ioctl::Info(&mut info)).map_err(|e| ioctl_error("HRPERF_IOC_INFO", e))?;
+        if info.abi_version != IOCTL_ABI_VERSION {
+            return Err(KmodError::Abi { found: info.abi_version });
+        }
+        Ok(info)
+    }
+
+    /// `HRPERF_IOC_FORMATS`: every registered format.
+    pub fn formats(&self) -> Result<Vec<FormatInfo>, KmodError> {
+        let empty = FormatInfo { name: [0; 32], uuid: hrperf_abi::Uuid::NIL, version: 0, flags: 0, arg_size: 0, users: 0 };
+        let mut room = 16usize;
+        loop {
+            let mut entries = vec![empty; room];
+            let mut list = FormatList {
+                size: core::mem::size_of::<FormatList>() as u32,
+                capacity: 0,
+                count: 0,
+                reserved: 0,
+                entries: 0,
+            };
+            self.sys
+                .ioctl(self.fd, Ioctl::Formats(&mut list, &mut entries))
+                .map_err(|e| ioctl_error("HRPERF_IOC_FORMATS", e))?;
+            let n = list.count as usize;
+            if n <= room {
+                entries.truncate(n);
+                return Ok(entries);
+            }
+            room = n; // registered meanwhile: ask again with room for all
+        }
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        if self.fd >= 0 {
+            self.sys.close(self.fd);
+        }
+    }
+}
+
+/// A format's name as text.
+pub fn format_name(f: &FormatInfo) -> String {
+    String::from_utf8_lossy(name_bytes(&f.name)).into_owned()
+}
+
+/// Comma-separated names of `formats`, or "none".
+pub fn format_names(formats: &[FormatInfo]) -> String {
+    if formats.is_empty() {
+        return "none".into();
+    }
+    formats.iter().map(format_name).collect::<Vec<_>>().join(", ")
+}
+
+/// A session created on an open `/dev/hrperf`, its buffers mapped read-only.
+///
+/// The session lives as long as its file is open (and not destroyed): dropping the
+/// `Session` unmaps and closes; the kernel then stops and frees it unless another
+/// process holds the same file (the C API's attach, see [`control`]).
+///
+/// # Invariants
+///
+/// `map` is a live read-only mapping of `map_len` bytes from [`KmodSys::mmap_read`] of
+/// `fd`, 8-aligned; every slot's `offset + buf_size <= map_len` and `offset % 8 == 0`.
+#[derive(Debug)]
+pub struct Session {
+    sys: Arc<dyn KmodSys>,
+    dev: Device,
+    module: ModuleInfo,
+    format: FormatInfo,
+    mode: u32,
+    sample_period: u64,
+    poll_interval_ns: u64,
+    events: Vec<EventSpec>,
+    format_arg: Vec<u8>,
+    map: NonNull<u8>,
+    map_len: usize,
+    buf_size: usize,
+    slots: Vec<BufferSlot>,
+    running: bool,
+}
+
+// SAFETY: the mapping is only read, through the ring protocol's atomics and published
+// bytes; nothing in a `Session` is tied to the creating thread.
+unsafe impl Send for Session {}
+
+impl Session {
+    /// Opens the device and creates, maps and checks a session (not started).
+    pub fn create(sys: Arc<dyn KmodSys>, cfg: &KmodConfig) -> Result<Session, KmodError> {
+        let dev = Device::open(sys.clone(), &cfg.device)?;
+        let module = dev.info()?;
+        let formats = dev.formats()?;
+        let format = formats
+            .iter()
+            .find(|f| name_bytes(&f.name) == cfg.format.as_bytes())
+            .copied()
+            .ok_or_else(|| KmodError::FormatNotRegistered {
+                name: cfg.format.clone(),
+                registered: format_names(&formats),
+            })?;
+        if format.flags & FMT_FL_RING == 0 {
+            return Err(KmodError::Config(format!(
+                "format '{}' does not log into a record ring; the kmod recorder reads ring formats only",
+                cfg.format
+            )));
+        }
+        let create = build_create(cfg, &module)?;
+        sys.ioctl(dev.fd, Ioctl::Create(&create)).map_err(|e| ioctl_error("HRPERF_IOC_CREATE", e))?;
+        let mode = if create.mode == MODE_DEFAULT { module.default_mode } else { create.mode };
+        let poll_interval_ns = match (mode, create.poll_interval_ns) {
+            (MODE_POLL, 0) => u64::from(module.poll_us) * 1000,
+            (MODE_POLL, ns) => ns,
+            _ => 0,
+        };
+        let sample_period = if mode == MODE_OVERFLOW { create.sample_period } else { 0 };
+
+        let empty = BufferSlot { cpu: 0, reserved: 0, offset: 0 };
+        let mut slots = vec![empty; MAX_CPUS];
+        let mut b = BuffersArg { size: core::mem::size_of::<BuffersArg>() as u32, count: 0, buf_size: 0, entries: 0 };
+        sys.ioctl(dev.fd, Ioctl::Buffers(&mut b, &mut slots)).map_err(|e| ioctl_error("HRPERF_IOC_BUFFERS", e))?;
+        let count = (b.count as usize).min(MAX_CPUS);
+        slots.truncate(count);
+        let buf_size = usize::try_from(b.buf_size).unwrap_or(usize::MAX);
+        let map_len = buf_size
+            .checked_mul(count)
+            .filter(|&n| count > 0 && buf_size >= BufferHeader::SIZE && buf_size % 8 == 0 && n > 0)
+            .ok_or_else(|| KmodError::Config(format!("the module reported {count} buffers of {buf_size} bytes")))?;
+        for s in &slots {
+            let end = usize::try_from(s.offset).ok().and_then(|o| o.checked_add(buf_size));
+            if s.offset % 8 != 0 || end.is_none_or(|e| e > map_len) {
+                return Err(KmodError::Buffer { cpu: s.cpu, what: format!("offset {} outside the {map_len}-byte mapping", s.offset) });
+            }
+        }
+        let map = sys.mmap_read(dev.fd, map_len).map_err(|source| KmodError::Syscall {
+            call: format!("mmap({}, {map_len} bytes, PROT_READ)", cfg.device.display()),
+            source,
+        })?;
+        if map.as_ptr() as usize % 8 != 0 {
+            // SAFETY: the mapping just made, unused.
+            unsafe { sys.munmap(map, map_len) };
+            return Err(KmodError::Config("the buffer mapping is not 8-byte aligned".into()));
+        }
+        // INVARIANT: a live mapping, aligned, every slot checked to lie inside it.
+        let s = Session {
+            sys,
+            dev,
+            module,
+            format,
+            mode,
+            sample_period,
+            poll_interval_ns,
+            events: cfg.events.clone(),
+            format_arg: cfg.format_arg.clone(),
+            map,
+            map_len,
+            buf_size,
+            slots,
+            running: false,
+        };
+        for i in 0..s.slots.len() {
+            s.check_buffer(i)?;
+        }
+        Ok(s)
+    }
+
+    /// The session's descriptor (for `poll`, or to hand to another process).
+    pub fn fd(&self) -> i32 {
+        self.dev.fd
+    }
+
+    /// The device path.
+    pub fn device(&self) -> &Path {
+        &self.dev.path
+    }
+
+    /// What `HRPERF_IOC_INFO` said at creation.
+    pub fn module_info(&self) -> &ModuleInfo {
+        &self.module
+    }
+
+    /// The format, as `HRPERF_IOC_FORMATS` listed it.
+    pub fn format(&self) -> &FormatInfo {
+        &self.format
+    }
+
+    /// `MODE_*` of the session (the module's default resolved).
+    pub fn mode(&self) -> u32 {
+        self.mode
+    }
+
+    /// Sampling period (overflow mode), else 0.
+    pub fn sample_period(&self) -> u64 {
+        self.sample_period
+    }
+
+    /// Poll interval in ns (poll mode, the module's `poll_us` resolved), else 0.
+    pub fn poll_interval_ns(&self) -> u64 {
+        self.poll_interval_ns
+    }
+
+    /// The counters, leader first.
+    pub fn events(&self) -> &[EventSpec] {
+        &self.events
+    }
+
+    /// The format argument given at creation.
+    pub fn format_arg(&self) -> &[u8] {
+        &self.format_arg
+    }
+
+    /// The monitored CPUs, in buffer order.
+    pub fn cpus(&self) -> Vec<u32> {
+        self.slots.iter().map(|s| s.cpu).collect()
+    }
+
+    /// Whether this process started the session and has not stopped it (another process
+    /// holding the same file may have changed that).
+    pub fn is_running(&self) -> bool {
+        self.running
+    }
+
+    fn simple(&self, req: Ioctl<'static>) -> Result<(), KmodError> {
+        let name = req.name();
+        self.sys.ioctl(self.dev.fd, req).map_err(|e| ioctl_error(name, e))
+    }
+
+    /// `HRPERF_IOC_START`: start or resume counting.
+    pub fn start(&mut self) -> Result<(), KmodError> {
+        self.simple(Ioctl::Start)?;
+        self.running = true;
+        Ok(())
+    }
+
+    /// `HRPERF_IOC_STOP`: pause; the buffers stay readable.
+    pub fn stop(&mut self) -> Result<(), KmodError> {
+        self.simple(Ioctl::Stop)?;
+        self.running = false;
+        Ok(())
+    }
+
+    /// `HRPERF_IOC_POLL` (instructed mode): every CPU reads its counters now.
+    pub fn poll(&self) -> Result<(), KmodError> {
+        self.simple(Ioctl::Poll)
+    }
+
+    /// `HRPERF_IOC_LOG` (instructed mode): publish and wake the reader.
+    pub fn log(&self) -> Result<(), KmodError> {
+        self.simple(Ioctl::Log)
+    }
+
+    /// `HRPERF_IOC_POLL_LOG` (instructed mode): both in one call.
+    pub fn poll_log(&self) -> Result<(), KmodError> {
+        self.simple(Ioctl::PollLog)
+    }
+
+    /// `HRPERF_IOC_DESTROY`: ends the session for every holder of the file; the mapping
+    /// stays readable until dropped.
+    pub fn destroy(&mut self) -> Result<(), KmodError> {
+        self.simple(Ioctl::Destroy)?;
+        self.running = false;
+        Ok(())
+    }
+
+    /// Waits up to `timeout_ms` for the session to become readable (a format NOTIFY,
+    /// LOG or STOP); `Ok(true)` if it is.
+    pub fn wait(&self, timeout_ms: i32) -> Result<bool, KmodError> {
+        let mut fds = [libc::pollfd { fd: self.dev.fd, events: libc::POLLIN, revents: 0 }];
+        let n = self
+            .sys
+            .poll(&mut fds, timeout_ms)
+            .map_err(|source| KmodError::Syscall { call: "poll(/dev/hrperf)".into(), source })?;
+        Ok(n > 0 && fds[0].revents & libc::POLLIN != 0)
+    }
+
+    /// `HRPERF_IOC_STATS`: per-CPU statistics, in buffer order.
+    pub fn stats(&self) -> Result<Vec<CpuStats>, KmodError> {
+        let zero = CpuStats { cpu: 0, masked_now: 0, records: 0, drops: 0, overflows: 0, masked: 0, multi_wraps: 0, poll_ticks: 0, missed_ticks: 0 };
+        let mut entries = vec![zero; self.slots.len()];
+        let mut a = StatsArg { size: core::mem::size_of::<StatsArg>() as u32, count: 0, entries: 0 };
+        self.sys
+            .ioctl(self.dev.fd, Ioctl::Stats(&mut a, &mut entries))
+            .map_err(|e| ioctl_error("HRPERF_IOC_STATS", e))?;
+        entries.truncate(a.count as usize);
+        Ok(entries)
+    }
+
+    /// The `i`-th CPU's buffer over the mapping.
+    fn buffer(&self, i: usize) -> Result<(u32, Buffer<'_>), KmodError> {
+        let slot = self.slots.get(i).ok_or_else(|| KmodError::Config(format!("no buffer {i}")))?;
+        // SAFETY: `offset + buf_size <= map_len` (type invariant), so the pointer stays
+        // inside the mapping; it is non-null as an offset into a non-null mapping.
+        let ptr = unsafe { NonNull::new_unchecked(self.map.as_ptr().add(slot.offset as usize)) };
+        // SAFETY: the mapping is readable for `buf_size` bytes from `ptr` while `self`
+        // lives (type invariant), 8-aligned; only the header and `RingReader` are used
+        // on it (read-only), and the kernel writes it with the ring protocol.
+        let buf = unsafe { Buffer::from_raw(ptr, self.buf_size) }
+            .map_err(|e| KmodError::Buffer { cpu: slot.cpu, what: e.to_string() })?;
+        Ok((slot.cpu, buf))
+    }
+
+    /// Checks the `i`-th buffer's header against the ABI and the session.
+    fn check_buffer(&self, i: usize) -> Result<(), KmodError> {
+        let (cpu, buf) = self.buffer(i)?;
+        let h = buf.header();
+        let bad = |what: String| Err(KmodError::Buffer { cpu, what });
+        if h.magic != BUFFER_MAGIC || h.version != BUFFER_VERSION {
+            return bad(format!("magic {:#x} version {}: not an hrperf buffer of version {BUFFER_VERSION}", h.magic, h.version));
+        }
+        if (h.header_size as usize) < BufferHeader::SIZE || h.cpu != cpu {
+            return bad(format!("header size {} for CPU {}", h.header_size, h.cpu));
+        }
+        if h.format_uuid != self.format.uuid {
+            return bad(format!("owned by format {}, not {}", h.format_uuid, format_name(&self.format)));
+        }
+        RingReader::new(&buf).map_err(|e| KmodError::Buffer { cpu, what: e.to_string() })?;
+        Ok(())
+    }
+
+    /// A snapshot of every buffer's header (records, drops, overflows, ...).
+    pub fn headers(&self) -> Result<Vec<BufferHeader>, KmodError> {
+        (0..self.slots.len()).map(|i| self.buffer(i).map(|(_, b)| b.header())).collect()
+    }
+
+    /// Copies every record published in the `i`-th CPU's ring (PAD skipped) into `chunk`
+    /// (cleared first), reading them in place, then tells the kernel the new tail
+    /// (`HRPERF_IOC_CONSUME`, which also acknowledges the readable state). Returns the CPU
+    /// and the number of records copied.
+    pub fn drain_cpu(&self, i: usize, chunk: &mut Vec<u8>) -> Result<(u32, u64), KmodError> {
+        chunk.clear();
+        let (cpu, buf) = self.buffer(i)?;
+        let reader = RingReader::new(&buf).map_err(|e| KmodError::Buffer { cpu, what: e.to_string() })?;
+        let st = reader
+            .read(|rec| chunk.extend_from_slice(rec))
+            .map_err(|e| KmodError::Buffer { cpu, what: e.to_string() })?;
+        let c = ConsumeArg { size: core::mem::size_of::<ConsumeArg>() as u32, cpu, tail: st.tail };
+        self.sys.ioctl(self.dev.fd, Ioctl::Consume(&c)).map_err(|e| ioctl_error("HRPERF_IOC_CONSUME", e))?;
+        Ok((cpu, st.records))
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // SAFETY: the mapping from `create`, not used after this (type invariant).
+        unsafe { self.sys.munmap(self.map, self.map_len) };
+        // `dev` closes the file next: the kernel stops and frees the session unless
+        // another process holds the file.
+    }
+}
+
+/// The `HRPERF_IOC_CREATE` argument for `cfg`.
+fn build_create(cfg: &KmodConfig, module: &ModuleInfo) -> Result<SessionCreate, KmodError> {
+    let n = cfg.events.len();
+    if n == 0 || n > MAX_COUNTERS {
+        return Err(KmodError::Config(format!("a session takes 1 to {MAX_COUNTERS} events, not {n}")));
+    }
+    let name = fixed_name(&cfg.format)
+        .ok_or_else(|| KmodError::Config(format!("format name '{}' is too long", cfg.format)))?;
+    let zero = EventDesc { kind: 0, flags: 0, config: 0, config1: 0, config2: 0 };
+    let mut events = [zero; MAX_COUNTERS];
+    for (e, spec) in events.iter_mut().zip(&cfg.events) {
+        *e = spec.desc;
+    }
+    let (mode, sample_period, poll_interval_ns) = match cfg.mode {
+        Mode::Default if module.default_mode == MODE_OVERFLOW => (MODE_OVERFLOW, DEFAULT_PERIOD, 0),
+        Mode::Default => (MODE_DEFAULT, 0, 0),
+        Mode::Overflow { period: 0 } => return Err(KmodError::Config("the sampling period must be positive".into())),
+        Mode::Overflow { period } => (MODE_OVERFLOW, period, 0),
+        Mode::Poll { interval_ns } => (MODE_POLL, 0, interval_ns),
+        Mode::Instructed => (MODE_INSTRUCTED, 0, 0),
+    };
+    let mut cpus = CpuMask::EMPTY;
+    if let Some(list) = &cfg.cpus {
+        if list.is_empty() {
+            return Err(KmodError::Config("empty CPU list".into()));
+        }
+        for &c in list {
+            if !cpus.insert(c) {
+                return Err(KmodError::Config(format!("CPU {c} is beyond the {MAX_CPUS} hrperf supports")));
+            }
+        }
+    }
+    Ok(SessionCreate {
+        size: core::mem::size_of::<SessionCreate>() as u32,
+        flags: 0,
+        format_name: name,
+        format_uuid: hrperf_abi::Uuid::NIL,
+        mode,
+        nr_events: n as u32,
+        events,
+        sample_period,
+        poll_interval_ns,
+        cpus,
+        data_size: cfg.data_size,
+        fmt_arg_len: cfg.format_arg.len() as u32,
+        reserved0: 0,
+        fmt_arg: if cfg.format_arg.is_empty() { 0 } else { cfg.format_arg.as_ptr() as u64 },
+        reserved: [0; 4],
+    })
+}
