@@ -319,7 +319,7 @@ pub fn record<W: Write>(
             }
             last_drain = now_ns;
             drains += 1;
-            if drains % 100 == 0 {
+            if drains.is_multiple_of(100) {
                 // Periodic statistics, so an interrupted recording still has them.
                 let stats = slots.iter_mut().map(CpuSlot::stats).collect::<Result<Vec<_>, _>>()?;
                 writer.write_stats(&stats)?;

@@ -53,9 +53,9 @@ fn expected_cumulative(cfg: &SimConfig, samples: &[RawSample]) -> HashMap<(u32, 
     for s in samples {
         let l = last.get_mut(&s.cpu).unwrap();
         let t = total.get_mut(&s.cpu).unwrap();
-        for i in 0..nr {
-            t[i] += s.raw[i].wrapping_sub(l[i]) & mask;
-            l[i] = s.raw[i];
+        for ((t, l), &raw) in t.iter_mut().zip(l.iter_mut()).zip(&s.raw) {
+            *t += raw.wrapping_sub(*l) & mask;
+            *l = raw;
         }
         out.insert((s.cpu, s.time_ns), t.clone());
         if s.kind == SAMPLE_OVERFLOW {
@@ -100,8 +100,8 @@ fn check_against_truth(cfg: &SimConfig, decoded: &[DeltaSample]) {
     let mut cum: HashMap<u32, Vec<u64>> = HashMap::new();
     for d in decoded {
         let c = cum.entry(d.cpu).or_insert_with(|| vec![0; nr]);
-        for i in 0..nr {
-            c[i] += d.deltas[i];
+        for (c, d) in c.iter_mut().zip(&d.deltas) {
+            *c += d;
         }
         let w = want.get(&(d.cpu, d.time_ns)).unwrap_or_else(|| panic!("no raw sample at cpu {} t {}", d.cpu, d.time_ns));
         assert_eq!(&c[..], &w[..], "cpu {} at {} ns", d.cpu, d.time_ns);

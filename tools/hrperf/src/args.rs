@@ -188,7 +188,7 @@ pub fn parse_duration_ns(s: &str) -> Result<u64, String> {
     };
     let v: f64 = num.parse().map_err(|_| format!("bad duration '{s}': use e.g. 500ms or 2s"))?;
     let ns = v * scale;
-    if !(ns >= 1.0 && ns < 1e18) {
+    if !(1.0..1e18).contains(&ns) {
         return Err(format!("bad duration '{s}': must be positive and under 30 years"));
     }
     Ok(ns as u64)

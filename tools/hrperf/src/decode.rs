@@ -95,7 +95,7 @@ pub fn run_formats() -> CliResult {
     let (plugins, errors) = PluginHost::discover();
     let mut out = io::stdout().lock();
     let res = (|| -> io::Result<()> {
-        writeln!(out, "{:<12} {:<36} {:<8} {}", "NAME", "UUID", "VERSION", "PATH")?;
+        writeln!(out, "{:<12} {:<36} {:<8} PATH", "NAME", "UUID", "VERSION")?;
         for p in &plugins {
             let v = p.format_version();
             writeln!(out, "{:<12} {:<36} {:<8} {}", p.name(), p.uuid(), format!("{}.{}", v >> 16, v & 0xffff), p.path().display())?;

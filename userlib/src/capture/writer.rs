@@ -303,6 +303,28 @@ fn section(out: &mut Vec<u8>, kind: u32, payload: &[u8]) -> Result<(), CaptureEr
     Ok(())
 }
 
+/// The checksum of a chunk: its header with `crc32` zeroed, then its payload.
+pub fn chunk_crc(header: &ChunkHeader, payload: &[u8]) -> u32 {
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(ChunkHeader { crc32: 0, ..*header }.as_bytes());
+    crc.update(payload);
+    crc.finalize()
+}
+
+/// The checksum of the file header (`header_size` bytes, `header_crc32` taken as zero)
+/// and the metadata after it.
+pub fn header_crc(header: &[u8], metadata: &[u8]) -> u32 {
+    let at = std::mem::offset_of!(FileHeader, header_crc32);
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&header[..at.min(header.len())]);
+    if header.len() >= at + 4 {
+        crc.update(&[0; 4]);
+        crc.update(&header[at + 4..]);
+    }
+    crc.update(metadata);
+    crc.finalize()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,26 +357,4 @@ mod tests {
         assert_eq!(&out[8..11], b"abc");
         assert!(out[11..].iter().all(|&b| b == 0));
     }
-}
-
-/// The checksum of a chunk: its header with `crc32` zeroed, then its payload.
-pub fn chunk_crc(header: &ChunkHeader, payload: &[u8]) -> u32 {
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(ChunkHeader { crc32: 0, ..*header }.as_bytes());
-    crc.update(payload);
-    crc.finalize()
-}
-
-/// The checksum of the file header (`header_size` bytes, `header_crc32` taken as zero)
-/// and the metadata after it.
-pub fn header_crc(header: &[u8], metadata: &[u8]) -> u32 {
-    let at = std::mem::offset_of!(FileHeader, header_crc32);
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&header[..at.min(header.len())]);
-    if header.len() >= at + 4 {
-        crc.update(&[0; 4]);
-        crc.update(&header[at + 4..]);
-    }
-    crc.update(metadata);
-    crc.finalize()
 }

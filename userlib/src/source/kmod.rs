@@ -445,7 +445,7 @@ impl Session {
             .ok_or_else(|| KmodError::Config(format!("the module reported {count} buffers of {buf_size} bytes")))?;
         for s in &slots {
             let end = usize::try_from(s.offset).ok().and_then(|o| o.checked_add(buf_size));
-            if s.offset % 8 != 0 || end.is_none_or(|e| e > map_len) {
+            if s.offset % 8 != 0 || !matches!(end, Some(e) if e <= map_len) {
                 return Err(KmodError::Buffer { cpu: s.cpu, what: format!("offset {} outside the {map_len}-byte mapping", s.offset) });
             }
         }

@@ -1,0 +1,361 @@
+//! The kmod recorder: a [`Session`]'s rings into a capture file, the same file
+//! [`crate::record`] writes for the userspace sources (`hrperf record --source kmod`).
+//!
+//! ```text
+//! Session::create ─ (fork the command, held) ─ Writer (header, metadata) ─ START ─ exec
+//!   loop: poll(session fd, pidfd; ≤ 100 ms) → drain every CPU → a DATA chunk each
+//!         until the command exits, --duration passes, or Ctrl-C
+//! STOP ─ last drain ─ STATS chunk (HRPERF_IOC_STATS) ─ END chunk ─ DESTROY
+//! ```
+//!
+//! What differs from the userspace sources, and why:
+//!
+//! - **Counters are per CPU, system-wide.** hrperf-core.ko programs one pinned counter
+//!   set per CPU (hiresperf's model), so `hrperf record -- cmd` records *all* activity on
+//!   the monitored CPUs while `cmd` runs, like `perf record -a -- cmd`.
+//! - **Clock.** Record timestamps are the kernel's `local_clock()` ns
+//!   ([`CLOCK_PERF`]): each CPU stamps its own reads. Userspace cannot read that clock,
+//!   so the capture's `start_time_ns` and the END chunk's `end_time_ns` are 0 (unknown);
+//!   the recording's length is measured on `CLOCK_MONOTONIC` for the summary.
+//! - **The command gets the session.** Its descriptor is inherited by the command, named
+//!   by `HRPERF_FD` ([`super::ENV_FD`]), so a program linked with `libhrperf.so` can mark
+//!   its regions (`hrperf_poll_log()`) or pause the recording (`hrperf_pause()`) on the
+//!   very session being recorded.
+//!
+//! Nothing is dropped silently: the kernel counts drops per CPU (LOST records in band,
+//! totals in the buffer header); the STATS chunk carries the kernel's per-CPU counts.
+
+use std::ffi::CString;
+use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use hrperf_abi::capture::{EndInfo, CLOCK_PERF, SOURCE_KMOD};
+use hrperf_abi::ioctl::CpuStats;
+use hrperf_abi::name_bytes;
+
+use super::sys::{wall_ns, HeldChild};
+use super::{ioctl_error, KmodConfig, KmodError, KmodSys, Session, ENV_FD};
+use crate::capture::{CaptureMeta, Writer};
+use crate::record::{Live, RecordSummary};
+
+/// Reader wake-up interval when the format sends no NOTIFY (ms).
+pub const DEFAULT_DRAIN_MS: u32 = 100;
+
+/// How to record from `/dev/hrperf`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KmodRecordOptions {
+    /// The session.
+    pub config: KmodConfig,
+    /// The command to run while recording (empty: record until `duration_ns` or stop).
+    pub command: Vec<String>,
+    /// Stop after this long (`CLOCK_MONOTONIC`).
+    pub duration_ns: Option<u64>,
+    /// Drain at least this often, in ms (0: [`DEFAULT_DRAIN_MS`]).
+    pub drain_ms: u32,
+    /// Store host name, kernel release and wall-clock start time.
+    pub host_info: bool,
+}
+
+/// A session being written to a capture file: create it with [`Recorder::new`], call
+/// [`Recorder::drain`] whenever the session is readable (and periodically), then
+/// [`Recorder::finish`].
+#[derive(Debug)]
+pub struct Recorder<W: Write> {
+    session: Session,
+    writer: Writer<W>,
+    chunk: Vec<u8>,
+    sys: Arc<dyn KmodSys>,
+    started_ns: Option<u64>,
+    stopped_ns: Option<u64>,
+    drains: u64,
+}
+
+/// The capture metadata of a session.
+pub fn capture_meta(session: &Session, command: &[String], host_info: bool) -> CaptureMeta {
+    let f = session.format();
+    CaptureMeta {
+        format_name: String::from_utf8_lossy(name_bytes(&f.name)).into_owned(),
+        format_uuid: f.uuid,
+        format_version: f.version,
+        source: SOURCE_KMOD,
+        clock: CLOCK_PERF,
+        tsc_hz: 0,
+        mode: session.mode(),
+        sample_period: session.sample_period(),
+        poll_interval_ns: session.poll_interval_ns(),
+        start_time_ns: 0,
+        start_wall_ns: if host_info { wall_ns() } else { 0 },
+        events: session.events().to_vec(),
+        cpus: session.cpus(),
+        cpu_model: if host_info { cpu_model() } else { String::new() },
+        command: command.to_vec(),
+        hostname: if host_info { read_trimmed("/proc/sys/kernel/hostname") } else { String::new() },
+        kernel_release: if host_info { read_trimmed("/proc/sys/kernel/osrelease") } else { String::new() },
+        format_arg: session.format_arg().to_vec(),
+        sim_config: String::new(),
+    }
+}
+
+impl<W: Write> Recorder<W> {
+    /// Writes the capture's header and metadata for `session` to `out` (named `name` in
+    /// errors).
+    pub fn new(session: Session, out: W, name: &Path, command: &[String], host_info: bool) -> Result<Self, KmodError> {
+        let meta = capture_meta(&session, command, host_info);
+        let writer = Writer::with_name(out, name, &meta)?;
+        let sys = session.sys.clone();
+        Ok(Recorder { session, writer, chunk: Vec::with_capacity(64 << 10), sys, started_ns: None, stopped_ns: None, drains: 0 })
+    }
+
+    /// The session.
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// The session, to start, pause or instruct it.
+    pub fn session_mut(&mut self) -> &mut Session {
+        &mut self.session
+    }
+
+    /// Starts (or resumes) the session.
+    pub fn start(&mut self) -> Result<(), KmodError> {
+        self.session.start()?;
+        self.started_ns.get_or_insert(self.sys.now_ns());
+        self.stopped_ns = None;
+        Ok(())
+    }
+
+    /// Pauses the session and drains what it wrote up to the pause.
+    pub fn pause(&mut self) -> Result<(), KmodError> {
+        self.session.stop()?;
+        self.stopped_ns = Some(self.sys.now_ns());
+        self.drain()?;
+        Ok(())
+    }
+
+    /// Moves every record published in every CPU's ring into the capture (one chunk per
+    /// CPU that had any); returns the records moved. Every hundredth call also writes a
+    /// statistics snapshot and flushes, so an interrupted recording keeps them.
+    pub fn drain(&mut self) -> Result<u64, KmodError> {
+        let mut total = 0;
+        for i in 0..self.session.slots.len() {
+            let (cpu, n) = self.session.drain_cpu(i, &mut self.chunk)?;
+            if n > 0 {
+                self.writer.write_chunk(cpu, &self.chunk, n)?;
+                total += n;
+            }
+        }
+        self.drains += 1;
+        if self.drains % 100 == 0 {
+            let stats = self.session.stats()?;
+            self.writer.write_stats(&stats)?;
+            self.writer.flush()?;
+        }
+        Ok(total)
+    }
+
+    /// Progress so far.
+    pub fn live(&self) -> Result<Live, KmodError> {
+        let headers = self.session.headers()?;
+        Ok(Live {
+            elapsed_ns: self.elapsed_ns(),
+            samples: headers.iter().map(|h| h.overflows).sum(),
+            records: self.writer.records_written(),
+            drops: headers.iter().map(|h| h.drops).sum(),
+            bytes: self.writer.offset(),
+        })
+    }
+
+    fn elapsed_ns(&self) -> u64 {
+        match self.started_ns {
+            Some(s) => self.stopped_ns.unwrap_or_else(|| self.sys.now_ns()).saturating_sub(s),
+            None => 0,
+        }
+    }
+
+    /// Stops the session (if it still runs), drains it, writes the kernel's statistics
+    /// and the END chunk, and destroys the session.
+    pub fn finish(mut self, exit_status: i32) -> Result<RecordSummary, KmodError> {
+        match self.session.stop() {
+            Ok(()) => self.stopped_ns = Some(self.sys.now_ns()),
+            // Not running: paused by us or by a process holding the same file.
+            Err(e) if e.errno() == Some(libc::EINVAL) => {}
+            Err(e) => return Err(e),
+        }
+        self.stopped_ns.get_or_insert_with(|| self.sys.now_ns());
+        self.drain()?;
+        let stats = self.session.stats()?;
+        self.writer.write_stats(&stats)?;
+        let mut s = summarize(&stats);
+        s.exit_status = exit_status;
+        s.records = self.writer.records_written();
+        s.elapsed_ns = self.elapsed_ns();
+        let end = EndInfo {
+            end_time_ns: 0,
+            total_records: s.records,
+            total_drops: s.drops,
+            exit_status,
+            reserved: 0,
+        };
+        let before_end = self.writer.offset();
+        self.writer.finish(end)?;
+        s.bytes = before_end + (size_of::<hrperf_abi::capture::ChunkHeader>() + size_of::<EndInfo>()) as u64;
+        // The file is complete; a failed DESTROY only means another holder ended it.
+        let _ = self.session.destroy();
+        Ok(s)
+    }
+}
+
+/// Totals of the kernel's per-CPU statistics.
+fn summarize(stats: &[CpuStats]) -> RecordSummary {
+    RecordSummary {
+        samples: stats.iter().map(|s| s.overflows).sum(),
+        drops: stats.iter().map(|s| s.drops).sum(),
+        masked: stats.iter().map(|s| s.masked).sum(),
+        multi_wraps: stats.iter().map(|s| s.multi_wraps).sum(),
+        per_cpu: stats.to_vec(),
+        ..RecordSummary::default()
+    }
+}
+
+/// A command forked and held before `execve`, with the session's descriptor inherited.
+fn spawn_command(sys: &dyn KmodSys, command: &[String], fd: i32) -> Result<HeldChild, KmodError> {
+    let cmd_err = |source| KmodError::Command { cmd: command.join(" "), source };
+    let to_c = |s: &str| CString::new(s).map_err(|_| cmd_err(std::io::Error::from_raw_os_error(libc::EINVAL)));
+    let path = sys.find_program(&command[0]).map_err(cmd_err)?;
+    let argv = command.iter().map(|a| to_c(a)).collect::<Result<Vec<_>, _>>()?;
+    let mut envp = Vec::new();
+    for (k, v) in std::env::vars_os() {
+        if k == ENV_FD {
+            continue;
+        }
+        let mut kv = k.into_encoded_bytes();
+        kv.push(b'=');
+        kv.extend_from_slice(v.as_encoded_bytes());
+        if let Ok(c) = CString::new(kv) {
+            envp.push(c);
+        }
+    }
+    envp.push(to_c(&format!("{ENV_FD}={fd}"))?);
+    sys.spawn_held(&path, &argv, &envp, Some(fd)).map_err(cmd_err)
+}
+
+/// Records a session into the capture file at `path` (an existing file there is moved
+/// to `<path>.old` first, once the session exists). Returns when the command exits,
+/// `opts.duration_ns` passes, or `stop` is set (then the command gets SIGTERM).
+pub fn record_kmod_to_file(
+    sys: Arc<dyn KmodSys>,
+    opts: &KmodRecordOptions,
+    path: &Path,
+    stop: &AtomicBool,
+    live: &mut dyn FnMut(&Live),
+) -> Result<RecordSummary, KmodError> {
+    let session = Session::create(sys.clone(), &opts.config)?;
+    let child = match opts.command.first() {
+        Some(_) => Some(spawn_command(sys.as_ref(), &opts.command, session.fd())?),
+        None => None,
+    };
+    let result = record_with(sys.as_ref(), session, child.as_ref(), opts, path, stop, live);
+    if let (Err(_), Some(c)) = (&result, &child) {
+        // Unreleased, the child exits on EOF of its go pipe; released, it is killed.
+        let _ = sys.kill(c.pid, libc::SIGKILL);
+        let _ = sys.wait_child(c.pid, false);
+    }
+    result
+}
+
+fn record_with(
+    sys: &dyn KmodSys,
+    session: Session,
+    child: Option<&HeldChild>,
+    opts: &KmodRecordOptions,
+    path: &Path,
+    stop: &AtomicBool,
+    live: &mut dyn FnMut(&Live),
+) -> Result<RecordSummary, KmodError> {
+    if path.exists() {
+        let mut old = path.as_os_str().to_owned();
+        old.push(".old");
+        std::fs::rename(path, &old)
+            .map_err(|e| KmodError::Config(format!("cannot move the existing {} aside: {e}", path.display())))?;
+    }
+    let file = std::fs::File::create(path)
+        .map_err(|e| KmodError::Config(format!("cannot create {}: {e}", path.display())))?;
+    let mut rec = Recorder::new(session, file, path, &opts.command, opts.host_info)?;
+    rec.start()?;
+    let mut pidfd = None;
+    if let Some(c) = child {
+        if let Err(source) = sys.release_child(c) {
+            return Err(KmodError::Command { cmd: opts.command.join(" "), source });
+        }
+        pidfd = sys.pidfd_open(c.pid).ok();
+    }
+    let drain_ms = if opts.drain_ms == 0 { DEFAULT_DRAIN_MS } else { opts.drain_ms };
+    let start = sys.now_ns();
+    let mut last_live = start;
+    let mut exit_status = 0;
+    let mut child_running = child.is_some();
+    loop {
+        let elapsed = sys.now_ns().saturating_sub(start);
+        let left_ms = opts.duration_ns.map(|d| d.saturating_sub(elapsed).div_ceil(1_000_000));
+        let timeout = left_ms.map_or(drain_ms, |l| l.min(u64::from(drain_ms)) as u32);
+        let mut fds = vec![libc::pollfd { fd: rec.session.fd(), events: libc::POLLIN, revents: 0 }];
+        if let Some(p) = pidfd {
+            fds.push(libc::pollfd { fd: p, events: libc::POLLIN, revents: 0 });
+        }
+        sys.poll(&mut fds, timeout as i32)
+            .map_err(|source| KmodError::Syscall { call: "poll(/dev/hrperf)".into(), source })?;
+        rec.drain()?;
+        if let (Some(c), true) = (child, child_running) {
+            let exited = sys
+                .wait_child(c.pid, true)
+                .map_err(|source| KmodError::Syscall { call: format!("wait4({})", c.pid), source })?;
+            if let Some(e) = exited {
+                exit_status = e.status;
+                child_running = false;
+                break;
+            }
+        }
+        let now = sys.now_ns();
+        if opts.duration_ns.is_some_and(|d| now.saturating_sub(start) >= d) || stop.load(Ordering::Relaxed) {
+            break;
+        }
+        if now.saturating_sub(last_live) >= 200_000_000 {
+            last_live = now;
+            live(&rec.live()?);
+        }
+    }
+    if let Some(p) = pidfd {
+        sys.close(p);
+    }
+    if let (Some(c), true) = (child, child_running) {
+        // --duration or Ctrl-C ended the recording first: end the command like perf.
+        let _ = sys.kill(c.pid, libc::SIGTERM);
+        exit_status = sys.wait_child(c.pid, false).ok().flatten().map_or(0, |e| e.status);
+    }
+    rec.finish(exit_status)
+}
+
+/// Runs one instructed-mode request on an open session descriptor (the C API's calls
+/// and `hrperf poll|log|poll-log` on an attached fd).
+pub fn instruct(sys: &dyn KmodSys, fd: i32, req: super::Ioctl<'static>) -> Result<(), KmodError> {
+    let name = req.name();
+    sys.ioctl(fd, req).map_err(|e| ioctl_error(name, e))
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
+fn read_trimmed(path: &str) -> String {
+    std::fs::read_to_string(path).map(|s| s.trim().to_string()).unwrap_or_default()
+}
