@@ -333,8 +333,9 @@ impl Ring {
         if off < PRIVATE_OFFSET as u64 || !fits {
             return Err(EngineError::Invalid { what: "ring data area lies outside the buffer" });
         }
-        // SAFETY: `off + size <= len` (checked), so the offset is in bounds.
-        let data = unsafe { buf.ptr.add(off as usize) };
+        // SAFETY: `off + size <= len` (checked), so the offset is in bounds of the
+        // non-null buffer and the result is non-null. (`NonNull::add` needs rustc 1.80.)
+        let data = unsafe { NonNull::new_unchecked(buf.ptr.as_ptr().add(off as usize)) };
         Ok(Ring { data, offset: off, size, mask: size - 1 })
     }
 
