@@ -7,36 +7,19 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
-use std::time::Duration;
 
 use hrperf::capture::Reader;
 use hrperf::record::{record, RecordOptions, RecordSummary};
 use hrperf::source::sim::{parse_events, SimConfig, SimSource, Workload};
-use hrperf::source::{Progress, RawSample, Source};
+use hrperf::source::{RawSample, Source};
 use hrperf_abi::capture::CHUNK_DATA;
-use hrperf_abi::format::{CTRL_RESET, MODE_OVERFLOW, SAMPLE_OVERFLOW};
+use hrperf_abi::format::{MODE_OVERFLOW, SAMPLE_OVERFLOW};
 use hrperf_abi::RecordType;
 use hrperf_fmt_delta::record::{parse, DeltaSample};
 
-/// Runs the simulator alone, re-arming like the delta format asks (CTRL_RESET on every
-/// overflow), and returns its raw samples.
+/// Runs the simulator alone (the reference the recording is checked against).
 fn raw_run(cfg: &SimConfig) -> Vec<RawSample> {
-    let mut src = SimSource::new(cfg.clone()).unwrap();
-    src.start().unwrap();
-    let mut all = Vec::new();
-    loop {
-        let mut batch = Vec::new();
-        let p = src.next(&mut batch, Duration::ZERO).unwrap();
-        for s in &batch {
-            if s.kind == SAMPLE_OVERFLOW {
-                src.control(s.cpu, CTRL_RESET);
-            }
-        }
-        all.extend(batch);
-        if p == Progress::Finished {
-            return all;
-        }
-    }
+    SimSource::new(cfg.clone()).unwrap().run_standalone().unwrap()
 }
 
 /// Expected cumulative 64-bit counts at each raw sample, per CPU, keyed by time: the

@@ -635,6 +635,27 @@ impl Source for SimSource {
 }
 
 impl SimSource {
+    /// Runs the simulation to its end on its own, re-arming after every overflow as a
+    /// format returning `CTRL_RESET` would, and returns every sample: the reference a
+    /// recording through the engine is checked against.
+    pub fn run_standalone(&mut self) -> Result<Vec<RawSample>, SourceError> {
+        self.start()?;
+        let mut all = Vec::new();
+        loop {
+            let from = all.len();
+            let progress = self.next(&mut all, Duration::ZERO)?;
+            for i in from..all.len() {
+                let s = all[i];
+                if s.kind == SAMPLE_OVERFLOW {
+                    self.control(s.cpu, CTRL_RESET);
+                }
+            }
+            if progress == Progress::Finished {
+                return Ok(all);
+            }
+        }
+    }
+
     /// Lifts a CTRL_MASK on `cpu` (the format's restart).
     pub fn unmask(&mut self, cpu: u32) {
         if let Some(c) = self.cpus.get_mut(cpu as usize) {
@@ -652,21 +673,7 @@ mod tests {
     }
 
     fn run(src: &mut SimSource) -> Vec<RawSample> {
-        src.start().unwrap();
-        let mut all = Vec::new();
-        loop {
-            let mut batch = Vec::new();
-            let p = src.next(&mut batch, Duration::ZERO).unwrap();
-            for s in &batch {
-                if s.kind == SAMPLE_OVERFLOW {
-                    src.control(s.cpu, CTRL_RESET);
-                }
-            }
-            all.extend(batch);
-            if p == Progress::Finished {
-                return all;
-            }
-        }
+        src.run_standalone().unwrap()
     }
 
     #[test]
