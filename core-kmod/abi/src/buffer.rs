@@ -62,7 +62,7 @@ abi_struct! {
         pub reserved: [u64; 1],
     }
 }
-const _: () = assert!(core::mem::size_of::<BufferHeader>() == 128);
+assert_layout!(BufferHeader, size 128, align 8);
 const _: () = assert!(core::mem::offset_of!(BufferHeader, head) == 56);
 
 impl BufferHeader {

@@ -89,7 +89,7 @@ abi_struct! {
         pub reserved: [u64; 5],
     }
 }
-const _: () = assert!(core::mem::size_of::<FileHeader>() == 192);
+assert_layout!(FileHeader, size 192, align 8);
 
 abi_struct! {
     /// A metadata section; `size` bytes of payload follow, padded to 8.
@@ -100,7 +100,7 @@ abi_struct! {
         pub size: u32,
     }
 }
-const _: () = assert!(core::mem::size_of::<Section>() == 8);
+assert_layout!(Section, size 8, align 4);
 
 /// One counter: an [`crate::EventDesc`] then the event's name in UTF-8.
 pub const SECTION_EVENT: u32 = 1;
@@ -149,7 +149,7 @@ abi_struct! {
         pub reserved: u32,
     }
 }
-const _: () = assert!(core::mem::size_of::<ChunkHeader>() == 40);
+assert_layout!(ChunkHeader, size 40, align 8);
 
 abi_struct! {
     /// Payload of the [`CHUNK_END`] chunk.
@@ -166,4 +166,4 @@ abi_struct! {
         pub reserved: u32,
     }
 }
-const _: () = assert!(core::mem::size_of::<EndInfo>() == 32);
+assert_layout!(EndInfo, size 32, align 8);

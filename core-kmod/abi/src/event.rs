@@ -16,7 +16,7 @@ abi_struct! {
         pub config2: u64,
     }
 }
-const _: () = assert!(core::mem::size_of::<EventDesc>() == 32);
+assert_layout!(EventDesc, size 32, align 8);
 
 /// `PERF_TYPE_HARDWARE`.
 pub const EVENT_TYPE_HARDWARE: u32 = 0;

@@ -89,7 +89,7 @@ abi_struct! {
         pub reserved: u32,
     }
 }
-const _: () = assert!(core::mem::size_of::<SessionParams>() == 48);
+assert_layout!(SessionParams, size 48, align 8);
 
 /// [`OverflowArg::kind`]: a counter overflowed.
 pub const SAMPLE_OVERFLOW: u32 = 0;
@@ -134,7 +134,7 @@ abi_struct! {
         pub reserved: u32,
     }
 }
-const _: () = assert!(core::mem::size_of::<OverflowArg>() == 136);
+assert_layout!(OverflowArg, size 136, align 8);
 
 /// [`OverflowArg::flags`]: `ip` is a kernel address (the interrupted context was the
 /// kernel), as the source knows it — never guessed from the address.
@@ -161,7 +161,7 @@ pub struct Services {
     /// User stack of the interrupted task, innermost first; `None` if unavailable.
     pub user_stack: Option<UserStackFn>,
 }
-const _: () = assert!(core::mem::size_of::<Services>() == 32);
+assert_layout!(Services, size 32, align 8);
 
 impl Services {
     /// A table offering no services.
@@ -259,7 +259,7 @@ pub struct FormatOps {
     /// Called on each CPU buffer when the session stops; see [`BufferFn`].
     pub stop: Option<BufferFn>,
 }
-const _: () = assert!(core::mem::size_of::<FormatOps>() == 144);
+assert_layout!(FormatOps, size 144, align 8);
 
 // SAFETY: the table is immutable after construction; `owner` is an opaque token the
 // core only passes to `try_module_get`/`module_put`, never dereferenced from Rust.

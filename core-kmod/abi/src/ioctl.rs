@@ -122,7 +122,7 @@ abi_struct! {
         pub reserved: [u64; 4],
     }
 }
-const _: () = assert!(core::mem::size_of::<ModuleInfo>() == 72);
+assert_layout!(ModuleInfo, size 72, align 8);
 
 abi_struct! {
     /// One registered format, as listed by [`HRPERF_IOC_FORMATS`].
@@ -141,7 +141,7 @@ abi_struct! {
         pub users: u32,
     }
 }
-const _: () = assert!(core::mem::size_of::<FormatInfo>() == 64);
+assert_layout!(FormatInfo, size 64, align 4);
 
 abi_struct! {
     /// Argument of [`HRPERF_IOC_FORMATS`].
@@ -158,7 +158,7 @@ abi_struct! {
         pub entries: u64,
     }
 }
-const _: () = assert!(core::mem::size_of::<FormatList>() == 24);
+assert_layout!(FormatList, size 24, align 8);
 
 abi_struct! {
     /// Argument of [`HRPERF_IOC_CREATE`].
@@ -195,7 +195,7 @@ abi_struct! {
         pub reserved: [u64; 4],
     }
 }
-const _: () = assert!(core::mem::size_of::<SessionCreate>() == 424);
+assert_layout!(SessionCreate, size 424, align 8);
 
 /// [`SessionCreate::mode`] asking for the module's default mode.
 pub const MODE_DEFAULT: u32 = u32::MAX;
@@ -209,7 +209,7 @@ abi_struct! {
         pub cpu: u32,
     }
 }
-const _: () = assert!(core::mem::size_of::<CpuArg>() == 8);
+assert_layout!(CpuArg, size 8, align 4);
 
 abi_struct! {
     /// Counters of one CPU of a session.
@@ -234,7 +234,7 @@ abi_struct! {
         pub missed_ticks: u64,
     }
 }
-const _: () = assert!(core::mem::size_of::<CpuStats>() == 64);
+assert_layout!(CpuStats, size 64, align 8);
 
 abi_struct! {
     /// Argument of [`HRPERF_IOC_STATS`].
@@ -247,7 +247,7 @@ abi_struct! {
         pub entries: u64,
     }
 }
-const _: () = assert!(core::mem::size_of::<StatsArg>() == 16);
+assert_layout!(StatsArg, size 16, align 8);
 
 abi_struct! {
     /// Where one CPU's buffer lies in the session's mapping.
@@ -260,7 +260,7 @@ abi_struct! {
         pub offset: u64,
     }
 }
-const _: () = assert!(core::mem::size_of::<BufferSlot>() == 16);
+assert_layout!(BufferSlot, size 16, align 8);
 
 abi_struct! {
     /// Argument of [`HRPERF_IOC_BUFFERS`].
@@ -275,7 +275,7 @@ abi_struct! {
         pub entries: u64,
     }
 }
-const _: () = assert!(core::mem::size_of::<BuffersArg>() == 24);
+assert_layout!(BuffersArg, size 24, align 8);
 
 abi_struct! {
     /// Argument of [`HRPERF_IOC_CONSUME`]: the reader has consumed up to `tail`.
@@ -288,7 +288,7 @@ abi_struct! {
         pub tail: u64,
     }
 }
-const _: () = assert!(core::mem::size_of::<ConsumeArg>() == 16);
+assert_layout!(ConsumeArg, size 16, align 8);
 
 #[cfg(test)]
 mod tests {

@@ -66,6 +66,15 @@ macro_rules! abi_struct {
     };
 }
 
+/// Asserts a struct's size and alignment at compile time, so a layout change is a build
+/// error on every side of the ABI (kernel, userspace, C header).
+macro_rules! assert_layout {
+    ($t:ty, size $size:expr, align $align:expr) => {
+        const _: () = assert!(core::mem::size_of::<$t>() == $size);
+        const _: () = assert!(core::mem::align_of::<$t>() == $align);
+    };
+}
+
 pub mod buffer;
 pub mod capture;
 pub mod event;
@@ -93,7 +102,7 @@ abi_struct! {
         pub bits: [u64; MAX_CPUS / 64],
     }
 }
-const _: () = assert!(core::mem::size_of::<CpuMask>() == 32);
+assert_layout!(CpuMask, size 32, align 8);
 
 impl CpuMask {
     /// The empty set.

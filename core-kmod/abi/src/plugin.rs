@@ -163,3 +163,13 @@ unsafe impl Sync for PluginDecl {}
 unsafe impl Sync for RecordKindDesc {}
 // SAFETY: as above.
 unsafe impl Sync for FieldDesc {}
+
+#[cfg(target_pointer_width = "64")]
+mod layout {
+    use super::*;
+    assert_layout!(FieldDesc, size 16, align 8);
+    assert_layout!(RecordKindDesc, size 24, align 8);
+    assert_layout!(DecodeCtx, size 24, align 4);
+    assert_layout!(FieldValue, size 32, align 8);
+    assert_layout!(PluginDecl, size 64, align 8);
+}

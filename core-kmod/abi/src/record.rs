@@ -15,8 +15,7 @@ abi_struct! {
         pub size: u16,
     }
 }
-const _: () = assert!(core::mem::size_of::<RecordHeader>() == 8);
-const _: () = assert!(core::mem::align_of::<RecordHeader>() == 4);
+assert_layout!(RecordHeader, size 8, align 4);
 
 abi_struct! {
     /// An open record-type tag: unknown values are valid and are skipped by readers.
@@ -66,4 +65,4 @@ abi_struct! {
         pub lost: u64,
     }
 }
-const _: () = assert!(core::mem::size_of::<LostRecord>() == 16);
+assert_layout!(LostRecord, size 16, align 8);
