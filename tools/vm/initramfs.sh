@@ -3,7 +3,8 @@
 # a verdict, and extra files. Dynamic ELF files bring their loader and ldd libraries,
 # so ordinary glibc binaries and dlopen'd plugins run in the guest.
 # Usage: initramfs.sh OUT.cpio.gz TEST_SCRIPT [FILE[:GUEST_PATH]]...
-#        (a FILE lands at /<basename> unless GUEST_PATH is given)
+#        (a FILE lands at /<basename> unless GUEST_PATH is given; give libraries placed
+#        in /usr/lib or /lib before the binaries that need them)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 (($# >= 2)) || die "usage: initramfs.sh OUT.cpio.gz TEST_SCRIPT [FILE[:GUEST_PATH]]..."
@@ -33,7 +34,10 @@ for arg in "$@"; do
     deps=$(ldd "$src" 2>/dev/null) || continue
     ! grep -q 'not found' <<<"$deps" || die "initramfs: $src: missing libraries:"$'\n'"$deps"
     while read -r lib; do
-        [[ -e $root$lib ]] || add "$lib" "$lib"
+        # A library given explicitly for /lib or /usr/lib (e.g. libhrperf.so, found on
+        # the host through LD_LIBRARY_PATH) is already where the guest's loader looks.
+        base=$(basename "$lib")
+        [[ -e $root$lib || -e $root/usr/lib/$base || -e $root/lib/$base ]] || add "$lib" "$lib"
     done < <(awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' <<<"$deps")
 done
 

@@ -4,7 +4,8 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
 PKGS=(linux-source-6.12 rustc-web rust-web-src libclang-dev qemu-system-x86
-      busybox-static cpio bc flex bison libelf-dev libssl-dev xz-utils make)
+      busybox-static cpio bc flex bison libelf-dev libssl-dev xz-utils make
+      python3)   # python3: the guest test of userlib/python/hrperf.py
 SUDO=; [[ $(id -u) == 0 ]] || SUDO=sudo
 
 missing=()

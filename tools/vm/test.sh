@@ -2,7 +2,9 @@
 # The one VM entry point: setup -> kernel -> modules -> initramfs -> boot.
 # Usage: test.sh [FILE[:GUEST_PATH]]...   extra files for the guest
 # Default: hrperf-core.ko + fmt-delta.ko and the guest test (guest/guest.sh running
-# guest/hrperf_test.c, built here against include/hrperf.h).
+# guest/hrperf_test.c, built here against include/hrperf.h), then the userspace half:
+# the hrperf CLI (record --source kmod, status, start/pause/poll-log/stop, decode),
+# libhrperf.so with guest/hrperf_api_test.c, and python3 with userlib/python/hrperf.py.
 # Env: HRPERF_VM_SELFTEST=1: only the toolchain self-test module (selftest/),
 #      HRPERF_VM_GUEST_SCRIPT (default: guest/guest.sh, or selftest/guest.sh), VM_TIMEOUT,
 #      HRPERF_VM_DISK=<img>: attach a fresh raw disk as the guest's /dev/vda to carry
@@ -23,6 +25,48 @@ else
     GUEST_FILES=("$RUN/hrperf_test")
 fi
 
+# The userspace half (default test only): the hrperf CLI, its delta decoder plugin and
+# libhrperf.so (C API), release builds stripped for the initramfs; the C API test
+# program; python3 with the few stdlib modules the Python helper's test imports.
+userspace_files() {
+    local target=${CARGO_TARGET_DIR:-$REPO/target}/release bin=$RUN/bin f
+    log "cargo: hrperf CLI, delta decoder, libhrperf.so (release)"
+    (cd "$REPO" && cargo build --release -q -p hrperf-cli -p hrperf-decode-delta -p hrperf-capi) >&2
+    mkdir -p "$bin"
+    for f in hrperf hrperf-burn libhrperf_decode_delta.so libhrperf.so; do
+        strip -o "$bin/$f" "$target/$f"
+    done
+    gcc -O2 -Wall -Wextra -Werror -I"$REPO/include" -o "$bin/hrperf_api_test" \
+        "$VM_DIR/guest/hrperf_api_test.c" -L"$bin" -lhrperf
+    # libhrperf.so first: initramfs.sh then skips it among the test program's ldd deps.
+    USER_FILES=("$bin/libhrperf.so:/usr/lib/libhrperf.so" "$bin/hrperf:/usr/bin/hrperf"
+        "$bin/hrperf-burn:/usr/bin/hrperf-burn"
+        "$bin/libhrperf_decode_delta.so:/usr/bin/libhrperf_decode_delta.so"
+        "$bin/hrperf_api_test:/usr/bin/hrperf_api_test"
+        "$REPO/userlib/python/hrperf.py:/py/hrperf.py"
+        "$VM_DIR/guest/hrperf_py_test.py:/py/hrperf_py_test.py" "$VM_DIR/guest/cli.sh:/cli.sh")
+    local py; py=$(readlink -f /usr/bin/python3) || die "python3 not found (setup.sh installs it)"
+    USER_FILES+=("$py:/usr/bin/python3")
+    # What the helper's test imports, collected by running the same interpreter with the
+    # guest's (empty) environment: sources and their cached bytecode, stdlib only.
+    while read -r f; do USER_FILES+=("$f:$f"); done < <(env -i PATH=/usr/bin:/bin "$py" - "$REPO/userlib/python" <<'PY'
+import sys, os, importlib.util
+sys.path.insert(0, sys.argv[1])
+import hrperf, mmap, errno, ctypes, contextlib  # noqa: F401 (what hrperf_py_test.py uses)
+lib = os.path.dirname(os.__file__)
+files = set()
+for m in list(sys.modules.values()):
+    f = getattr(m, "__file__", None)
+    if f and f.startswith(lib + "/"):
+        files.add(f)
+        if f.endswith(".py") and os.path.exists(importlib.util.cache_from_source(f)):
+            files.add(importlib.util.cache_from_source(f))
+print("\n".join(sorted(files)))
+PY
+    )
+}
+USER_FILES=()
+
 t=$SECONDS; times=()
 lap() { times+=("$1 $((SECONDS - t))s"); t=$SECONDS; }
 
@@ -30,8 +74,9 @@ lap() { times+=("$1 $((SECONDS - t))s"); t=$SECONDS; }
 KDIR=$("$VM_DIR/build-kernel.sh" | tail -n1); export KDIR; lap kernel
 kos=$("$VM_DIR/build-modules.sh" "${MODULES[@]}");     lap modules
 mapfile -t KOS <<<"$kos"
-"$VM_DIR/initramfs.sh" "$RUN/initramfs.cpio.gz" "$GUEST_SCRIPT" "${KOS[@]}" \
-    "${GUEST_FILES[@]}" "$@";                           lap initramfs
+[[ -n ${HRPERF_VM_SELFTEST:-} ]] || userspace_files;    lap userspace
+LD_LIBRARY_PATH=$RUN/bin "$VM_DIR/initramfs.sh" "$RUN/initramfs.cpio.gz" "$GUEST_SCRIPT" \
+    "${KOS[@]}" "${GUEST_FILES[@]}" "${USER_FILES[@]}" "$@"; lap initramfs
 qemu_args=()
 if [[ -n ${HRPERF_VM_DISK:-} ]]; then
     rm -f "$HRPERF_VM_DISK"; truncate -s 64M "$HRPERF_VM_DISK"

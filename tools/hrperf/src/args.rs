@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
     name = "hrperf",
     version,
     about = "hrperf — microsecond counter time series, overflow sampling and pluggable sampling formats for Linux performance counters",
-    after_help = "EXAMPLES:\n  hrperf record -e cpu-clock,task-clock,page-faults --poll-us 1000 -- ./app\n  hrperf decode --output csv > samples.csv\n  hrperf info\n  hrperf formats\n\nSources: kmod (/dev/hrperf, when hrperf-core.ko is loaded), perf (perf_event_open,\nthe default otherwise) and sim (a deterministic simulated PMU, no hardware needed)."
+    after_help = "EXAMPLES:\n  hrperf record -e cpu-clock,task-clock,page-faults --poll-us 1000 -- ./app\n  hrperf decode --output csv > samples.csv\n  hrperf info\n  hrperf formats\n  hrperf status                          # the kernel module and its formats\n  hrperf start --poll-us 100; hrperf pause; hrperf start; hrperf stop\n\nSources: kmod (/dev/hrperf, when hrperf-core.ko is loaded), perf (perf_event_open,\nthe default otherwise) and sim (a deterministic simulated PMU, no hardware needed)."
 )]
 pub struct Cli {
     /// What to do.
@@ -34,6 +34,129 @@ pub enum Command {
     /// List the decoder plugins found (name, UUID, version, path).
     #[command(after_help = "EXAMPLES:\n  hrperf formats\n  HRPERF_PLUGIN_PATH=/opt/myfmt hrperf formats\n\nPlugins (libhrperf_decode_*.so) are searched next to the hrperf binary, in each\ndirectory of $HRPERF_PLUGIN_PATH, and in <prefix>/lib/hrperf/plugins.")]
     Formats,
+    /// Show the kernel module: version, default mode, poll interval, registered formats
+    /// with their users, open sessions, drops; and the `hrperf start` session, if any.
+    #[command(after_help = STATUS_EXAMPLES)]
+    Status(CtlArgs),
+    /// Start a session that outlives this command (a daemon records it to a file), or
+    /// resume a paused one.
+    #[command(after_help = START_EXAMPLES)]
+    Start(StartArgs),
+    /// Pause the `hrperf start` session (counters stop; the file stays open).
+    #[command(after_help = CTL_EXAMPLES)]
+    Pause(CtlArgs),
+    /// Instructed mode: every CPU reads its counters now (one record each).
+    #[command(after_help = CTL_EXAMPLES)]
+    Poll(CtlArgs),
+    /// Instructed mode: wake the recorder to collect what `poll` recorded.
+    #[command(after_help = CTL_EXAMPLES)]
+    Log(CtlArgs),
+    /// Instructed mode: `poll` and `log` in one call.
+    #[command(name = "poll-log", after_help = CTL_EXAMPLES)]
+    PollLog(CtlArgs),
+    /// Finish the `hrperf start` session: last records, statistics, end of file; the
+    /// session is destroyed.
+    #[command(after_help = CTL_EXAMPLES)]
+    Stop(CtlArgs),
+}
+
+const STATUS_EXAMPLES: &str = "EXAMPLES:
+  hrperf status
+  HRPERF_SOCKET=/run/hrperf/lab.sock hrperf status
+
+Needs hrperf-core.ko (insmod hrperf-core.ko); /dev/hrperf is root-only unless the module
+was loaded with dev_mode= and dev_gid=.";
+
+const START_EXAMPLES: &str = "EXAMPLES:
+  # hiresperf-style: poll every CPU each 100 us until `hrperf stop`:
+  hrperf start -e cpu-clock,context-switches --poll-us 100 -o poll.data
+  hrperf pause; hrperf start          # pause and resume the same session
+  hrperf stop                         # finish poll.data
+  # instructed mode, regions marked by a program (libhrperf.so: hrperf_poll_log())
+  # or from the shell:
+  hrperf start --instructed -e cpu-clock,page-faults -o regions.data
+  hrperf poll-log; ./phase1; hrperf poll-log; ./phase2; hrperf poll-log
+  hrperf stop && hrperf decode -i regions.data
+  # create paused, so the program's hrperf_start()/hrperf_pause() bracket its work:
+  hrperf start --instructed --paused && ./app && hrperf stop
+
+The session lives in a small daemon that holds /dev/hrperf, writes the capture file and
+listens on a UNIX socket ($HRPERF_SOCKET, else $XDG_RUNTIME_DIR/hrperf/ctl.sock, else
+/tmp/hrperf-<uid>/ctl.sock; its directory must be private, mode 0700). Programs linked
+with libhrperf.so get the session's descriptor from it and call the ioctls directly.
+Without a mode option the module's default (mode=) is used. Daemon messages go to
+<socket>.log. With a session running, `hrperf start` without session options resumes it.";
+
+const CTL_EXAMPLES: &str = "EXAMPLES:
+  hrperf start --instructed -o run.data
+  hrperf poll-log                     # one record per CPU: counts since the last one
+  hrperf poll; hrperf log             # the same in two steps
+  hrperf pause; hrperf start          # pause and resume
+  hrperf stop                         # finish run.data
+  hrperf --help                       # all subcommands
+
+These talk to the session `hrperf start` made ($HRPERF_SOCKET or --socket). poll, log
+and poll-log need an instructed-mode session that is running.";
+
+/// Options of the commands that talk to an `hrperf start` session.
+#[derive(Debug, Args)]
+pub struct CtlArgs {
+    /// Control socket of the session [default: $HRPERF_SOCKET, else
+    /// $XDG_RUNTIME_DIR/hrperf/ctl.sock, else /tmp/hrperf-UID/ctl.sock].
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+}
+
+/// `hrperf start`.
+#[derive(Debug, Args)]
+pub struct StartArgs {
+    /// Sampling format (a registered fmt-NAME.ko) [default: delta].
+    #[arg(long)]
+    pub format: Option<String>,
+    /// Events, comma-separated, the sampling leader first [default: cpu-clock,task-clock,page-faults].
+    #[arg(short = 'e', long = "event", value_name = "EVENT,...")]
+    pub events: Option<String>,
+    /// Overflow mode: one sample every PERIOD events of the leader.
+    #[arg(short = 'c', long, value_name = "PERIOD", conflicts_with_all = ["poll_us", "instructed"])]
+    pub period: Option<u64>,
+    /// Poll mode: every CPU reads its counters every N µs (10..=10000000).
+    #[arg(long, value_name = "N", conflicts_with_all = ["period", "instructed"])]
+    pub poll_us: Option<u64>,
+    /// Instructed mode: counters are read only on `hrperf poll`/`poll-log` or a
+    /// program's hrperf_poll()/hrperf_poll_log().
+    #[arg(long, conflicts_with_all = ["period", "poll_us"])]
+    pub instructed: bool,
+    /// These CPUs only, e.g. 0-3,6 [default: all online CPUs].
+    #[arg(short = 'C', long = "cpu", value_name = "CPUS")]
+    pub cpus: Option<String>,
+    /// Output file [default: hrperf.data].
+    #[arg(short = 'o', long)]
+    pub output: Option<PathBuf>,
+    /// Per-CPU buffer data area, bytes (k/m suffixes) [default: the format's].
+    #[arg(long, value_name = "BYTES")]
+    pub buffer_size: Option<String>,
+    /// Create the session paused (start it with `hrperf start` or hrperf_start()).
+    #[arg(long)]
+    pub paused: bool,
+    /// Control socket [default: $HRPERF_SOCKET, else $XDG_RUNTIME_DIR/hrperf/ctl.sock,
+    /// else /tmp/hrperf-UID/ctl.sock].
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+}
+
+impl StartArgs {
+    /// Whether any option describes a new session (as opposed to resuming one).
+    pub fn has_session_options(&self) -> bool {
+        self.format.is_some()
+            || self.events.is_some()
+            || self.period.is_some()
+            || self.poll_us.is_some()
+            || self.instructed
+            || self.cpus.is_some()
+            || self.output.is_some()
+            || self.buffer_size.is_some()
+            || self.paused
+    }
 }
 
 const RECORD_EXAMPLES: &str = "EXAMPLES:
@@ -43,11 +166,19 @@ const RECORD_EXAMPLES: &str = "EXAMPLES:
   hrperf record -e cpu-clock,page-faults -c 100000 -- ./app
   # all CPUs for 5 seconds, 100 µs polls:
   hrperf record -a --duration 5s --poll-us 100 -o system.data
+  # the kernel module (auto-chosen when /dev/hrperf exists), overflow every 100 µs:
+  hrperf record --source kmod -e cpu-clock,page-faults -c 100000 -- ./app
+  # kmod, instructed: the program marks its regions with hrperf_poll_log():
+  hrperf record --source kmod --instructed -e cpu-clock,page-faults -- ./app
   # the simulated PMU: 4 CPUs, 40-bit counters, reproducible for a seed:
   hrperf record --source sim -e cycles,instructions,llc-misses --sim-cpus 4 --counter-width 40 --seed 7 --duration 200ms
 
 The live line on stderr shows records written and drops; drops are never silent: they
 are counted per CPU in the capture and shown by `hrperf info` and `hrperf decode`.
+With --source kmod, hrperf-core.ko counts per CPU (all activity on the monitored CPUs
+while the command runs, like perf's -a) and the command inherits the session (HRPERF_FD)
+for libhrperf.so's hrperf_poll_log()/hrperf_pause(). Without -c/--poll-us/--instructed the
+module's default mode (mode=) is used.
 Exit status: the recorded command's, or 2 for a usage or setup error.";
 
 const DECODE_EXAMPLES: &str = "EXAMPLES:
@@ -101,6 +232,11 @@ pub struct RecordArgs {
     /// Poll mode: read all counters on each CPU every N µs [default mode, N = 1000].
     #[arg(long, value_name = "N", conflicts_with_all = ["period", "freq"])]
     pub poll_us: Option<u64>,
+    /// Instructed mode (kmod source): counters are read only when asked: the recorded
+    /// program's hrperf_poll()/hrperf_poll_log() (libhrperf.so), on the session it
+    /// inherits (HRPERF_FD).
+    #[arg(long, conflicts_with_all = ["period", "freq", "poll_us"])]
+    pub instructed: bool,
     /// All CPUs (system-wide).
     #[arg(short = 'a', long, conflicts_with = "cpus")]
     pub all_cpus: bool,

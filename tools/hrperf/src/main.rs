@@ -4,6 +4,7 @@
 
 mod args;
 mod decode;
+mod kmod;
 mod record;
 
 use std::io::{self, Write};
@@ -33,6 +34,13 @@ fn main() -> ExitCode {
         Command::Decode(a) => decode::run_decode(a),
         Command::Info(a) => decode::run_info(a),
         Command::Formats => decode::run_formats(),
+        Command::Status(a) => kmod::run_status(a),
+        Command::Start(a) => kmod::run_start(a),
+        Command::Pause(a) => kmod::run_ctl(a, kmod::Ctl::Pause),
+        Command::Poll(a) => kmod::run_ctl(a, kmod::Ctl::Poll),
+        Command::Log(a) => kmod::run_ctl(a, kmod::Ctl::Log),
+        Command::PollLog(a) => kmod::run_ctl(a, kmod::Ctl::PollLog),
+        Command::Stop(a) => kmod::run_ctl(a, kmod::Ctl::Stop),
     };
     match result {
         Ok(code) => code,

@@ -18,13 +18,13 @@ use crate::{CliError, CliResult};
 /// Default poll interval when no mode is given.
 const DEFAULT_POLL_US: u64 = 1000;
 /// Set by SIGINT/SIGTERM: finish the capture cleanly instead of dying.
-static STOP: AtomicBool = AtomicBool::new(false);
+pub(crate) static STOP: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_sig: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
 }
 
-fn catch_signals() {
+pub(crate) fn catch_signals() {
     for sig in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         unsafe {
@@ -53,6 +53,11 @@ pub fn run(a: RecordArgs) -> CliResult {
         sim_config: String::new(),
     };
 
+    if a.instructed && source_kind != SourceKind::Kmod {
+        return Err(CliError(
+            "--instructed needs the kernel module's session (--source kmod, with hrperf-core.ko loaded)".into(),
+        ));
+    }
     let mut source: Box<dyn Source> = match source_kind {
         SourceKind::Sim => {
             let cfg = sim_config(&a, duration_ns)?;
@@ -85,12 +90,7 @@ pub fn run(a: RecordArgs) -> CliResult {
             }
             Box::new(src)
         }
-        SourceKind::Kmod => {
-            return Err(CliError(
-                "the kmod source (/dev/hrperf) is not supported by this build of hrperf; use --source perf or --source sim"
-                    .into(),
-            ))
-        }
+        SourceKind::Kmod => return crate::kmod::run_record(&a, duration_ns, data_size),
         SourceKind::Auto => unreachable!("auto was resolved above"),
     };
 
@@ -98,15 +98,7 @@ pub fn run(a: RecordArgs) -> CliResult {
     let tty = std::io::stderr().is_terminal() && !a.quiet;
     let mut live = |l: &Live| {
         if tty {
-            eprint!(
-                "\r\x1b[K[hrperf] {:.1} s  samples {}  records {}  drops {}  {}",
-                l.elapsed_ns as f64 / 1e9,
-                l.samples,
-                l.records,
-                l.drops,
-                human_bytes(l.bytes)
-            );
-            let _ = std::io::stderr().flush();
+            live_line(l);
         }
     };
     let summary = record_to_file(source.as_mut(), &opts, &a.output, &STOP, &mut live)?;
@@ -117,6 +109,19 @@ pub fn run(a: RecordArgs) -> CliResult {
         print_summary(&a.output, &summary);
     }
     Ok(exit_code(summary.exit_status))
+}
+
+/// The live progress line on stderr (a terminal).
+pub(crate) fn live_line(l: &Live) {
+    eprint!(
+        "\r\x1b[K[hrperf] {:.1} s  samples {}  records {}  drops {}  {}",
+        l.elapsed_ns as f64 / 1e9,
+        l.samples,
+        l.records,
+        l.drops,
+        human_bytes(l.bytes)
+    );
+    let _ = std::io::stderr().flush();
 }
 
 fn sim_config(a: &RecordArgs, duration_ns: Option<u64>) -> Result<SimConfig, CliError> {
@@ -154,7 +159,7 @@ fn sim_config(a: &RecordArgs, duration_ns: Option<u64>) -> Result<SimConfig, Cli
     Ok(cfg)
 }
 
-fn print_summary(path: &Path, s: &RecordSummary) {
+pub(crate) fn print_summary(path: &Path, s: &RecordSummary) {
     let cpus = s.per_cpu.len();
     eprintln!(
         "[hrperf] wrote {}: {} records from {} CPU{} in {:.3} s, {}",
@@ -186,12 +191,12 @@ fn print_summary(path: &Path, s: &RecordSummary) {
 }
 
 /// The command's status as ours: its exit code, or 128+signal like a shell.
-fn exit_code(status: i32) -> ExitCode {
+pub(crate) fn exit_code(status: i32) -> ExitCode {
     let code = if status < 0 { 128 + (-status).min(127) } else { status.min(255) };
     ExitCode::from(code as u8)
 }
 
-fn human_bytes(n: u64) -> String {
+pub(crate) fn human_bytes(n: u64) -> String {
     match n {
         n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
         n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),

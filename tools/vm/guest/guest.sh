@@ -1,6 +1,6 @@
 #!/bin/sh
 # Runs inside the QEMU guest (tools/vm/initramfs.sh's /init): the hrperf kernel test.
-# Files: /hrperf-core.ko /fmt-delta.ko /hrperf_test. Any failed step exits non-zero;
+# Files: /hrperf-core.ko /fmt-delta.ko /hrperf_test (and cli.sh's files, see there). Any failed step exits non-zero;
 # run-qemu.sh also fails the run on any Oops/BUG/WARNING/Call Trace in the log.
 set -e
 T=/hrperf_test
@@ -78,3 +78,6 @@ echo "cycles: Slab ${before_slab} -> ${after_slab} kB, VmallocUsed ${before_vm} 
 if grep -q hrperf /proc/vmallocinfo 2>/dev/null; then echo "FAIL: hrperf vmalloc areas left"; exit 1; fi
 lsmod | grep -q hrperf && { echo "FAIL: module still loaded"; exit 1; }
 echo "ok: 20 cycles, nothing left behind"
+
+step "userspace: hrperf CLI, libhrperf.so, Python helper (cli.sh)"
+sh /cli.sh

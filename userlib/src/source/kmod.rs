@@ -55,12 +55,14 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use hrperf_abi::buffer::{BUFFER_MAGIC, BUFFER_VERSION};
-use hrperf_abi::format::{FMT_FL_RING, MODE_DEFAULT, MODE_INSTRUCTED, MODE_OVERFLOW, MODE_POLL};
+use hrperf_abi::format::{FMT_FL_RING, MODE_INSTRUCTED, MODE_OVERFLOW, MODE_POLL};
 use hrperf_abi::ioctl::{
     BufferSlot, BuffersArg, ConsumeArg, CpuStats, FormatInfo, FormatList, ModuleInfo,
-    SessionCreate, StatsArg, IOCTL_ABI_VERSION,
+    SessionCreate, StatsArg, IOCTL_ABI_VERSION, MODE_DEFAULT,
 };
-use hrperf_abi::{fixed_name, name_bytes, BufferHeader, CpuMask, EventDesc, MAX_COUNTERS, MAX_CPUS};
+use hrperf_abi::{
+    fixed_name, name_bytes, BufferHeader, CpuMask, EventDesc, MAX_COUNTERS, MAX_CPUS,
+};
 use hrperf_engine::{Buffer, RingReader};
 
 use super::EventSpec;
@@ -88,7 +90,7 @@ pub const ENV_FD: &str = "HRPERF_FD";
 #[non_exhaustive]
 pub enum KmodError {
     /// The device node does not exist.
-    #[error("no {}: the hrperf kernel module is not loaded (insmod hrperf-core.ko, then insmod fmt-<format>.ko, e.g. fmt-delta.ko), or record with --source perf", path.display())]
+    #[error("no {}: the hrperf kernel module is not loaded (insmod hrperf-core.ko, then insmod fmt-<format>.ko, e.g. fmt-delta.ko)", path.display())]
     NotLoaded {
         /// The device path.
         path: PathBuf,
@@ -156,6 +158,14 @@ pub enum KmodError {
     /// Talking to an `hrperf start` session failed.
     #[error("{0}")]
     Control(String),
+    /// The `hrperf start` session refused a request (its message names the call).
+    #[error("{message}")]
+    Daemon {
+        /// The errno of the failed call.
+        errno: i32,
+        /// The daemon's one-line message.
+        message: String,
+    },
 }
 
 impl KmodError {
@@ -166,6 +176,7 @@ impl KmodError {
             KmodError::NotLoaded { .. } => Some(libc::ENOENT),
             KmodError::Permission { .. } => Some(libc::EACCES),
             KmodError::FormatNotRegistered { .. } => Some(libc::ENOENT),
+            KmodError::Daemon { errno, .. } => Some(*errno),
             KmodError::Ioctl { source, .. }
             | KmodError::Syscall { source, .. }
             | KmodError::Command { source, .. } => source.raw_os_error(),
@@ -288,13 +299,28 @@ pub struct Device {
 impl Device {
     /// Opens the device, with clear errors for a missing module or missing permission.
     pub fn open(sys: Arc<dyn KmodSys>, path: &Path) -> Result<Device, KmodError> {
-        let fd = sys.open(path).map_err(|source| match source.raw_os_error() {
-            Some(libc::ENOENT) => KmodError::NotLoaded { path: path.to_owned() },
-            Some(libc::EACCES | libc::EPERM) => KmodError::Permission { path: path.to_owned() },
-            Some(libc::ENXIO | libc::ENODEV) => KmodError::NotLoaded { path: path.to_owned() },
-            _ => KmodError::Syscall { call: format!("open({})", path.display()), source },
-        })?;
-        Ok(Device { sys, fd, path: path.to_owned() })
+        let fd = sys
+            .open(path)
+            .map_err(|source| match source.raw_os_error() {
+                Some(libc::ENOENT) => KmodError::NotLoaded {
+                    path: path.to_owned(),
+                },
+                Some(libc::EACCES | libc::EPERM) => KmodError::Permission {
+                    path: path.to_owned(),
+                },
+                Some(libc::ENXIO | libc::ENODEV) => KmodError::NotLoaded {
+                    path: path.to_owned(),
+                },
+                _ => KmodError::Syscall {
+                    call: format!("open({})", path.display()),
+                    source,
+                },
+            })?;
+        Ok(Device {
+            sys,
+            fd,
+            path: path.to_owned(),
+        })
     }
 
     /// The descriptor.
@@ -316,16 +342,27 @@ impl Device {
             total_drops: 0,
             reserved: [0; 4],
         };
-        self.sys.ioctl(self.fd, Ioctl::Info(&mut info)).map_err(|e| ioctl_error("HRPERF_IOC_INFO", e))?;
+        self.sys
+            .ioctl(self.fd, Ioctl::Info(&mut info))
+            .map_err(|e| ioctl_error("HRPERF_IOC_INFO", e))?;
         if info.abi_version != IOCTL_ABI_VERSION {
-            return Err(KmodError::Abi { found: info.abi_version });
+            return Err(KmodError::Abi {
+                found: info.abi_version,
+            });
         }
         Ok(info)
     }
 
     /// `HRPERF_IOC_FORMATS`: every registered format.
     pub fn formats(&self) -> Result<Vec<FormatInfo>, KmodError> {
-        let empty = FormatInfo { name: [0; 32], uuid: hrperf_abi::Uuid::NIL, version: 0, flags: 0, arg_size: 0, users: 0 };
+        let empty = FormatInfo {
+            name: [0; 32],
+            uuid: hrperf_abi::Uuid::NIL,
+            version: 0,
+            flags: 0,
+            arg_size: 0,
+            users: 0,
+        };
         let mut room = 16usize;
         loop {
             let mut entries = vec![empty; room];
@@ -367,7 +404,11 @@ pub fn format_names(formats: &[FormatInfo]) -> String {
     if formats.is_empty() {
         return "none".into();
     }
-    formats.iter().map(format_name).collect::<Vec<_>>().join(", ")
+    formats
+        .iter()
+        .map(format_name)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A session created on an open `/dev/hrperf`, its buffers mapped read-only.
@@ -423,40 +464,72 @@ impl Session {
             )));
         }
         let create = build_create(cfg, &module)?;
-        sys.ioctl(dev.fd, Ioctl::Create(&create)).map_err(|e| ioctl_error("HRPERF_IOC_CREATE", e))?;
-        let mode = if create.mode == MODE_DEFAULT { module.default_mode } else { create.mode };
+        sys.ioctl(dev.fd, Ioctl::Create(&create))
+            .map_err(|e| ioctl_error("HRPERF_IOC_CREATE", e))?;
+        let mode = if create.mode == MODE_DEFAULT {
+            module.default_mode
+        } else {
+            create.mode
+        };
         let poll_interval_ns = match (mode, create.poll_interval_ns) {
             (MODE_POLL, 0) => u64::from(module.poll_us) * 1000,
             (MODE_POLL, ns) => ns,
             _ => 0,
         };
-        let sample_period = if mode == MODE_OVERFLOW { create.sample_period } else { 0 };
+        let sample_period = if mode == MODE_OVERFLOW {
+            create.sample_period
+        } else {
+            0
+        };
 
-        let empty = BufferSlot { cpu: 0, reserved: 0, offset: 0 };
+        let empty = BufferSlot {
+            cpu: 0,
+            reserved: 0,
+            offset: 0,
+        };
         let mut slots = vec![empty; MAX_CPUS];
-        let mut b = BuffersArg { size: core::mem::size_of::<BuffersArg>() as u32, count: 0, buf_size: 0, entries: 0 };
-        sys.ioctl(dev.fd, Ioctl::Buffers(&mut b, &mut slots)).map_err(|e| ioctl_error("HRPERF_IOC_BUFFERS", e))?;
+        let mut b = BuffersArg {
+            size: core::mem::size_of::<BuffersArg>() as u32,
+            count: 0,
+            buf_size: 0,
+            entries: 0,
+        };
+        sys.ioctl(dev.fd, Ioctl::Buffers(&mut b, &mut slots))
+            .map_err(|e| ioctl_error("HRPERF_IOC_BUFFERS", e))?;
         let count = (b.count as usize).min(MAX_CPUS);
         slots.truncate(count);
         let buf_size = usize::try_from(b.buf_size).unwrap_or(usize::MAX);
         let map_len = buf_size
             .checked_mul(count)
             .filter(|&n| count > 0 && buf_size >= BufferHeader::SIZE && buf_size % 8 == 0 && n > 0)
-            .ok_or_else(|| KmodError::Config(format!("the module reported {count} buffers of {buf_size} bytes")))?;
+            .ok_or_else(|| {
+                KmodError::Config(format!(
+                    "the module reported {count} buffers of {buf_size} bytes"
+                ))
+            })?;
         for s in &slots {
-            let end = usize::try_from(s.offset).ok().and_then(|o| o.checked_add(buf_size));
+            let end = usize::try_from(s.offset)
+                .ok()
+                .and_then(|o| o.checked_add(buf_size));
             if s.offset % 8 != 0 || !matches!(end, Some(e) if e <= map_len) {
-                return Err(KmodError::Buffer { cpu: s.cpu, what: format!("offset {} outside the {map_len}-byte mapping", s.offset) });
+                return Err(KmodError::Buffer {
+                    cpu: s.cpu,
+                    what: format!("offset {} outside the {map_len}-byte mapping", s.offset),
+                });
             }
         }
-        let map = sys.mmap_read(dev.fd, map_len).map_err(|source| KmodError::Syscall {
-            call: format!("mmap({}, {map_len} bytes, PROT_READ)", cfg.device.display()),
-            source,
-        })?;
+        let map = sys
+            .mmap_read(dev.fd, map_len)
+            .map_err(|source| KmodError::Syscall {
+                call: format!("mmap({}, {map_len} bytes, PROT_READ)", cfg.device.display()),
+                source,
+            })?;
         if map.as_ptr() as usize % 8 != 0 {
             // SAFETY: the mapping just made, unused.
             unsafe { sys.munmap(map, map_len) };
-            return Err(KmodError::Config("the buffer mapping is not 8-byte aligned".into()));
+            return Err(KmodError::Config(
+                "the buffer mapping is not 8-byte aligned".into(),
+            ));
         }
         // INVARIANT: a live mapping, aligned, every slot checked to lie inside it.
         let s = Session {
@@ -539,7 +612,9 @@ impl Session {
 
     fn simple(&self, req: Ioctl<'static>) -> Result<(), KmodError> {
         let name = req.name();
-        self.sys.ioctl(self.dev.fd, req).map_err(|e| ioctl_error(name, e))
+        self.sys
+            .ioctl(self.dev.fd, req)
+            .map_err(|e| ioctl_error(name, e))
     }
 
     /// `HRPERF_IOC_START`: start or resume counting.
@@ -582,19 +657,40 @@ impl Session {
     /// Waits up to `timeout_ms` for the session to become readable (a format NOTIFY,
     /// LOG or STOP); `Ok(true)` if it is.
     pub fn wait(&self, timeout_ms: i32) -> Result<bool, KmodError> {
-        let mut fds = [libc::pollfd { fd: self.dev.fd, events: libc::POLLIN, revents: 0 }];
+        let mut fds = [libc::pollfd {
+            fd: self.dev.fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
         let n = self
             .sys
             .poll(&mut fds, timeout_ms)
-            .map_err(|source| KmodError::Syscall { call: "poll(/dev/hrperf)".into(), source })?;
+            .map_err(|source| KmodError::Syscall {
+                call: "poll(/dev/hrperf)".into(),
+                source,
+            })?;
         Ok(n > 0 && fds[0].revents & libc::POLLIN != 0)
     }
 
     /// `HRPERF_IOC_STATS`: per-CPU statistics, in buffer order.
     pub fn stats(&self) -> Result<Vec<CpuStats>, KmodError> {
-        let zero = CpuStats { cpu: 0, masked_now: 0, records: 0, drops: 0, overflows: 0, masked: 0, multi_wraps: 0, poll_ticks: 0, missed_ticks: 0 };
+        let zero = CpuStats {
+            cpu: 0,
+            masked_now: 0,
+            records: 0,
+            drops: 0,
+            overflows: 0,
+            masked: 0,
+            multi_wraps: 0,
+            poll_ticks: 0,
+            missed_ticks: 0,
+        };
         let mut entries = vec![zero; self.slots.len()];
-        let mut a = StatsArg { size: core::mem::size_of::<StatsArg>() as u32, count: 0, entries: 0 };
+        let mut a = StatsArg {
+            size: core::mem::size_of::<StatsArg>() as u32,
+            count: 0,
+            entries: 0,
+        };
         self.sys
             .ioctl(self.dev.fd, Ioctl::Stats(&mut a, &mut entries))
             .map_err(|e| ioctl_error("HRPERF_IOC_STATS", e))?;
@@ -604,15 +700,21 @@ impl Session {
 
     /// The `i`-th CPU's buffer over the mapping.
     fn buffer(&self, i: usize) -> Result<(u32, Buffer<'_>), KmodError> {
-        let slot = self.slots.get(i).ok_or_else(|| KmodError::Config(format!("no buffer {i}")))?;
+        let slot = self
+            .slots
+            .get(i)
+            .ok_or_else(|| KmodError::Config(format!("no buffer {i}")))?;
         // SAFETY: `offset + buf_size <= map_len` (type invariant), so the pointer stays
         // inside the mapping; it is non-null as an offset into a non-null mapping.
         let ptr = unsafe { NonNull::new_unchecked(self.map.as_ptr().add(slot.offset as usize)) };
         // SAFETY: the mapping is readable for `buf_size` bytes from `ptr` while `self`
         // lives (type invariant), 8-aligned; only the header and `RingReader` are used
         // on it (read-only), and the kernel writes it with the ring protocol.
-        let buf = unsafe { Buffer::from_raw(ptr, self.buf_size) }
-            .map_err(|e| KmodError::Buffer { cpu: slot.cpu, what: e.to_string() })?;
+        let buf =
+            unsafe { Buffer::from_raw(ptr, self.buf_size) }.map_err(|e| KmodError::Buffer {
+                cpu: slot.cpu,
+                what: e.to_string(),
+            })?;
         Ok((slot.cpu, buf))
     }
 
@@ -622,21 +724,33 @@ impl Session {
         let h = buf.header();
         let bad = |what: String| Err(KmodError::Buffer { cpu, what });
         if h.magic != BUFFER_MAGIC || h.version != BUFFER_VERSION {
-            return bad(format!("magic {:#x} version {}: not an hrperf buffer of version {BUFFER_VERSION}", h.magic, h.version));
+            return bad(format!(
+                "magic {:#x} version {}: not an hrperf buffer of version {BUFFER_VERSION}",
+                h.magic, h.version
+            ));
         }
         if (h.header_size as usize) < BufferHeader::SIZE || h.cpu != cpu {
             return bad(format!("header size {} for CPU {}", h.header_size, h.cpu));
         }
         if h.format_uuid != self.format.uuid {
-            return bad(format!("owned by format {}, not {}", h.format_uuid, format_name(&self.format)));
+            return bad(format!(
+                "owned by format {}, not {}",
+                h.format_uuid,
+                format_name(&self.format)
+            ));
         }
-        RingReader::new(&buf).map_err(|e| KmodError::Buffer { cpu, what: e.to_string() })?;
+        RingReader::new(&buf).map_err(|e| KmodError::Buffer {
+            cpu,
+            what: e.to_string(),
+        })?;
         Ok(())
     }
 
     /// A snapshot of every buffer's header (records, drops, overflows, ...).
     pub fn headers(&self) -> Result<Vec<BufferHeader>, KmodError> {
-        (0..self.slots.len()).map(|i| self.buffer(i).map(|(_, b)| b.header())).collect()
+        (0..self.slots.len())
+            .map(|i| self.buffer(i).map(|(_, b)| b.header()))
+            .collect()
     }
 
     /// Copies every record published in the `i`-th CPU's ring (PAD skipped) into `chunk`
@@ -646,12 +760,24 @@ impl Session {
     pub fn drain_cpu(&self, i: usize, chunk: &mut Vec<u8>) -> Result<(u32, u64), KmodError> {
         chunk.clear();
         let (cpu, buf) = self.buffer(i)?;
-        let reader = RingReader::new(&buf).map_err(|e| KmodError::Buffer { cpu, what: e.to_string() })?;
+        let reader = RingReader::new(&buf).map_err(|e| KmodError::Buffer {
+            cpu,
+            what: e.to_string(),
+        })?;
         let st = reader
             .read(|rec| chunk.extend_from_slice(rec))
-            .map_err(|e| KmodError::Buffer { cpu, what: e.to_string() })?;
-        let c = ConsumeArg { size: core::mem::size_of::<ConsumeArg>() as u32, cpu, tail: st.tail };
-        self.sys.ioctl(self.dev.fd, Ioctl::Consume(&c)).map_err(|e| ioctl_error("HRPERF_IOC_CONSUME", e))?;
+            .map_err(|e| KmodError::Buffer {
+                cpu,
+                what: e.to_string(),
+            })?;
+        let c = ConsumeArg {
+            size: core::mem::size_of::<ConsumeArg>() as u32,
+            cpu,
+            tail: st.tail,
+        };
+        self.sys
+            .ioctl(self.dev.fd, Ioctl::Consume(&c))
+            .map_err(|e| ioctl_error("HRPERF_IOC_CONSUME", e))?;
         Ok((cpu, st.records))
     }
 }
@@ -669,11 +795,19 @@ impl Drop for Session {
 fn build_create(cfg: &KmodConfig, module: &ModuleInfo) -> Result<SessionCreate, KmodError> {
     let n = cfg.events.len();
     if n == 0 || n > MAX_COUNTERS {
-        return Err(KmodError::Config(format!("a session takes 1 to {MAX_COUNTERS} events, not {n}")));
+        return Err(KmodError::Config(format!(
+            "a session takes 1 to {MAX_COUNTERS} events, not {n}"
+        )));
     }
     let name = fixed_name(&cfg.format)
         .ok_or_else(|| KmodError::Config(format!("format name '{}' is too long", cfg.format)))?;
-    let zero = EventDesc { kind: 0, flags: 0, config: 0, config1: 0, config2: 0 };
+    let zero = EventDesc {
+        kind: 0,
+        flags: 0,
+        config: 0,
+        config1: 0,
+        config2: 0,
+    };
     let mut events = [zero; MAX_COUNTERS];
     for (e, spec) in events.iter_mut().zip(&cfg.events) {
         *e = spec.desc;
@@ -681,7 +815,11 @@ fn build_create(cfg: &KmodConfig, module: &ModuleInfo) -> Result<SessionCreate, 
     let (mode, sample_period, poll_interval_ns) = match cfg.mode {
         Mode::Default if module.default_mode == MODE_OVERFLOW => (MODE_OVERFLOW, DEFAULT_PERIOD, 0),
         Mode::Default => (MODE_DEFAULT, 0, 0),
-        Mode::Overflow { period: 0 } => return Err(KmodError::Config("the sampling period must be positive".into())),
+        Mode::Overflow { period: 0 } => {
+            return Err(KmodError::Config(
+                "the sampling period must be positive".into(),
+            ))
+        }
         Mode::Overflow { period } => (MODE_OVERFLOW, period, 0),
         Mode::Poll { interval_ns } => (MODE_POLL, 0, interval_ns),
         Mode::Instructed => (MODE_INSTRUCTED, 0, 0),
@@ -693,7 +831,9 @@ fn build_create(cfg: &KmodConfig, module: &ModuleInfo) -> Result<SessionCreate, 
         }
         for &c in list {
             if !cpus.insert(c) {
-                return Err(KmodError::Config(format!("CPU {c} is beyond the {MAX_CPUS} hrperf supports")));
+                return Err(KmodError::Config(format!(
+                    "CPU {c} is beyond the {MAX_CPUS} hrperf supports"
+                )));
             }
         }
     }
@@ -711,7 +851,11 @@ fn build_create(cfg: &KmodConfig, module: &ModuleInfo) -> Result<SessionCreate, 
         data_size: cfg.data_size,
         fmt_arg_len: cfg.format_arg.len() as u32,
         reserved0: 0,
-        fmt_arg: if cfg.format_arg.is_empty() { 0 } else { cfg.format_arg.as_ptr() as u64 },
+        fmt_arg: if cfg.format_arg.is_empty() {
+            0
+        } else {
+            cfg.format_arg.as_ptr() as u64
+        },
         reserved: [0; 4],
     })
 }

@@ -89,10 +89,22 @@ pub fn capture_meta(session: &Session, command: &[String], host_info: bool) -> C
         start_wall_ns: if host_info { wall_ns() } else { 0 },
         events: session.events().to_vec(),
         cpus: session.cpus(),
-        cpu_model: if host_info { cpu_model() } else { String::new() },
+        cpu_model: if host_info {
+            cpu_model()
+        } else {
+            String::new()
+        },
         command: command.to_vec(),
-        hostname: if host_info { read_trimmed("/proc/sys/kernel/hostname") } else { String::new() },
-        kernel_release: if host_info { read_trimmed("/proc/sys/kernel/osrelease") } else { String::new() },
+        hostname: if host_info {
+            read_trimmed("/proc/sys/kernel/hostname")
+        } else {
+            String::new()
+        },
+        kernel_release: if host_info {
+            read_trimmed("/proc/sys/kernel/osrelease")
+        } else {
+            String::new()
+        },
         format_arg: session.format_arg().to_vec(),
         sim_config: String::new(),
     }
@@ -101,11 +113,25 @@ pub fn capture_meta(session: &Session, command: &[String], host_info: bool) -> C
 impl<W: Write> Recorder<W> {
     /// Writes the capture's header and metadata for `session` to `out` (named `name` in
     /// errors).
-    pub fn new(session: Session, out: W, name: &Path, command: &[String], host_info: bool) -> Result<Self, KmodError> {
+    pub fn new(
+        session: Session,
+        out: W,
+        name: &Path,
+        command: &[String],
+        host_info: bool,
+    ) -> Result<Self, KmodError> {
         let meta = capture_meta(&session, command, host_info);
         let writer = Writer::with_name(out, name, &meta)?;
         let sys = session.sys.clone();
-        Ok(Recorder { session, writer, chunk: Vec::with_capacity(64 << 10), sys, started_ns: None, stopped_ns: None, drains: 0 })
+        Ok(Recorder {
+            session,
+            writer,
+            chunk: Vec::with_capacity(64 << 10),
+            sys,
+            started_ns: None,
+            stopped_ns: None,
+            drains: 0,
+        })
     }
 
     /// The session.
@@ -169,7 +195,10 @@ impl<W: Write> Recorder<W> {
 
     fn elapsed_ns(&self) -> u64 {
         match self.started_ns {
-            Some(s) => self.stopped_ns.unwrap_or_else(|| self.sys.now_ns()).saturating_sub(s),
+            Some(s) => self
+                .stopped_ns
+                .unwrap_or_else(|| self.sys.now_ns())
+                .saturating_sub(s),
             None => 0,
         }
     }
@@ -200,7 +229,8 @@ impl<W: Write> Recorder<W> {
         };
         let before_end = self.writer.offset();
         self.writer.finish(end)?;
-        s.bytes = before_end + (size_of::<hrperf_abi::capture::ChunkHeader>() + size_of::<EndInfo>()) as u64;
+        s.bytes = before_end
+            + (size_of::<hrperf_abi::capture::ChunkHeader>() + size_of::<EndInfo>()) as u64;
         // The file is complete; a failed DESTROY only means another holder ended it.
         let _ = self.session.destroy();
         Ok(s)
@@ -221,10 +251,18 @@ fn summarize(stats: &[CpuStats]) -> RecordSummary {
 
 /// A command forked and held before `execve`, with the session's descriptor inherited.
 fn spawn_command(sys: &dyn KmodSys, command: &[String], fd: i32) -> Result<HeldChild, KmodError> {
-    let cmd_err = |source| KmodError::Command { cmd: command.join(" "), source };
-    let to_c = |s: &str| CString::new(s).map_err(|_| cmd_err(std::io::Error::from_raw_os_error(libc::EINVAL)));
+    let cmd_err = |source| KmodError::Command {
+        cmd: command.join(" "),
+        source,
+    };
+    let to_c = |s: &str| {
+        CString::new(s).map_err(|_| cmd_err(std::io::Error::from_raw_os_error(libc::EINVAL)))
+    };
     let path = sys.find_program(&command[0]).map_err(cmd_err)?;
-    let argv = command.iter().map(|a| to_c(a)).collect::<Result<Vec<_>, _>>()?;
+    let argv = command
+        .iter()
+        .map(|a| to_c(a))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut envp = Vec::new();
     for (k, v) in std::env::vars_os() {
         if k == ENV_FD {
@@ -238,7 +276,77 @@ fn spawn_command(sys: &dyn KmodSys, command: &[String], fd: i32) -> Result<HeldC
         }
     }
     envp.push(to_c(&format!("{ENV_FD}={fd}"))?);
-    sys.spawn_held(&path, &argv, &envp, Some(fd)).map_err(cmd_err)
+    sys.spawn_held(&path, &argv, &envp, Some(fd))
+        .map_err(cmd_err)
+}
+
+/// The recorded command: held before exec, then running, then reaped. Dropped while
+/// held it lets the child exit (EOF on its go pipe); while running it kills and reaps it.
+struct Child<'a> {
+    sys: &'a dyn KmodSys,
+    held: Option<HeldChild>,
+    pid: i32,
+    running: bool,
+}
+
+impl Child<'_> {
+    fn release(&mut self, cmd: &[String]) -> Result<(), KmodError> {
+        if let Some(h) = self.held.take() {
+            self.running = true;
+            self.sys
+                .release_child(&h)
+                .map_err(|source| KmodError::Command {
+                    cmd: cmd.join(" "),
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Whether it exited (and how), without waiting.
+    fn try_wait(&mut self) -> Result<Option<i32>, KmodError> {
+        if !self.running {
+            return Ok(None);
+        }
+        let exited = self
+            .sys
+            .wait_child(self.pid, true)
+            .map_err(|source| KmodError::Syscall {
+                call: format!("wait4({})", self.pid),
+                source,
+            })?;
+        if exited.is_some() {
+            self.running = false;
+        }
+        Ok(exited.map(|e| e.status))
+    }
+
+    /// Ends it with `signal` and reaps it; its exit status.
+    fn end(&mut self, signal: i32) -> i32 {
+        if let Some(h) = self.held.take() {
+            self.sys.close(h.go_fd); // EOF: the held child _exits without exec
+            self.sys.close(h.err_fd);
+            self.running = true;
+        }
+        if !self.running {
+            return 0;
+        }
+        self.running = false;
+        let _ = self.sys.kill(self.pid, signal);
+        self.sys
+            .wait_child(self.pid, false)
+            .ok()
+            .flatten()
+            .map_or(0, |e| e.status)
+    }
+}
+
+impl Drop for Child<'_> {
+    fn drop(&mut self) {
+        if self.held.is_some() || self.running {
+            self.end(libc::SIGKILL);
+        }
+    }
 }
 
 /// Records a session into the capture file at `path` (an existing file there is moved
@@ -252,89 +360,114 @@ pub fn record_kmod_to_file(
     live: &mut dyn FnMut(&Live),
 ) -> Result<RecordSummary, KmodError> {
     let session = Session::create(sys.clone(), &opts.config)?;
-    let child = match opts.command.first() {
-        Some(_) => Some(spawn_command(sys.as_ref(), &opts.command, session.fd())?),
+    let mut child = match opts.command.first() {
+        Some(_) => {
+            let h = spawn_command(sys.as_ref(), &opts.command, session.fd())?;
+            Some(Child {
+                sys: sys.as_ref(),
+                pid: h.pid,
+                held: Some(h),
+                running: false,
+            })
+        }
         None => None,
     };
-    let result = record_with(sys.as_ref(), session, child.as_ref(), opts, path, stop, live);
-    if let (Err(_), Some(c)) = (&result, &child) {
-        // Unreleased, the child exits on EOF of its go pipe; released, it is killed.
-        let _ = sys.kill(c.pid, libc::SIGKILL);
-        let _ = sys.wait_child(c.pid, false);
-    }
-    result
-}
-
-fn record_with(
-    sys: &dyn KmodSys,
-    session: Session,
-    child: Option<&HeldChild>,
-    opts: &KmodRecordOptions,
-    path: &Path,
-    stop: &AtomicBool,
-    live: &mut dyn FnMut(&Live),
-) -> Result<RecordSummary, KmodError> {
     if path.exists() {
         let mut old = path.as_os_str().to_owned();
         old.push(".old");
-        std::fs::rename(path, &old)
-            .map_err(|e| KmodError::Config(format!("cannot move the existing {} aside: {e}", path.display())))?;
+        std::fs::rename(path, &old).map_err(|e| {
+            KmodError::Config(format!(
+                "cannot move the existing {} aside: {e}",
+                path.display()
+            ))
+        })?;
     }
     let file = std::fs::File::create(path)
         .map_err(|e| KmodError::Config(format!("cannot create {}: {e}", path.display())))?;
     let mut rec = Recorder::new(session, file, path, &opts.command, opts.host_info)?;
     rec.start()?;
     let mut pidfd = None;
-    if let Some(c) = child {
-        if let Err(source) = sys.release_child(c) {
-            return Err(KmodError::Command { cmd: opts.command.join(" "), source });
-        }
+    if let Some(c) = child.as_mut() {
+        c.release(&opts.command)?;
         pidfd = sys.pidfd_open(c.pid).ok();
     }
-    let drain_ms = if opts.drain_ms == 0 { DEFAULT_DRAIN_MS } else { opts.drain_ms };
+    let result = record_loop(
+        sys.as_ref(),
+        &mut rec,
+        child.as_mut(),
+        pidfd,
+        opts,
+        stop,
+        live,
+    );
+    if let Some(p) = pidfd {
+        sys.close(p);
+    }
+    let exit_status = result?;
+    rec.finish(exit_status)
+}
+
+/// Drains until the command exits, the duration passes or `stop` is set; returns the
+/// command's exit status (0 without one).
+fn record_loop<W: Write>(
+    sys: &dyn KmodSys,
+    rec: &mut Recorder<W>,
+    mut child: Option<&mut Child<'_>>,
+    pidfd: Option<i32>,
+    opts: &KmodRecordOptions,
+    stop: &AtomicBool,
+    live: &mut dyn FnMut(&Live),
+) -> Result<i32, KmodError> {
+    let drain_ms = if opts.drain_ms == 0 {
+        DEFAULT_DRAIN_MS
+    } else {
+        opts.drain_ms
+    };
     let start = sys.now_ns();
     let mut last_live = start;
-    let mut exit_status = 0;
-    let mut child_running = child.is_some();
     loop {
         let elapsed = sys.now_ns().saturating_sub(start);
-        let left_ms = opts.duration_ns.map(|d| d.saturating_sub(elapsed).div_ceil(1_000_000));
+        let left_ms = opts
+            .duration_ns
+            .map(|d| d.saturating_sub(elapsed).div_ceil(1_000_000));
         let timeout = left_ms.map_or(drain_ms, |l| l.min(u64::from(drain_ms)) as u32);
-        let mut fds = vec![libc::pollfd { fd: rec.session.fd(), events: libc::POLLIN, revents: 0 }];
+        let mut fds = vec![libc::pollfd {
+            fd: rec.session.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
         if let Some(p) = pidfd {
-            fds.push(libc::pollfd { fd: p, events: libc::POLLIN, revents: 0 });
+            fds.push(libc::pollfd {
+                fd: p,
+                events: libc::POLLIN,
+                revents: 0,
+            });
         }
         sys.poll(&mut fds, timeout as i32)
-            .map_err(|source| KmodError::Syscall { call: "poll(/dev/hrperf)".into(), source })?;
+            .map_err(|source| KmodError::Syscall {
+                call: "poll(/dev/hrperf)".into(),
+                source,
+            })?;
         rec.drain()?;
-        if let (Some(c), true) = (child, child_running) {
-            let exited = sys
-                .wait_child(c.pid, true)
-                .map_err(|source| KmodError::Syscall { call: format!("wait4({})", c.pid), source })?;
-            if let Some(e) = exited {
-                exit_status = e.status;
-                child_running = false;
-                break;
+        if let Some(c) = child.as_deref_mut() {
+            if let Some(status) = c.try_wait()? {
+                return Ok(status);
             }
         }
         let now = sys.now_ns();
-        if opts.duration_ns.is_some_and(|d| now.saturating_sub(start) >= d) || stop.load(Ordering::Relaxed) {
-            break;
+        if opts
+            .duration_ns
+            .is_some_and(|d| now.saturating_sub(start) >= d)
+            || stop.load(Ordering::Relaxed)
+        {
+            // --duration or Ctrl-C ended the recording first: end the command like perf.
+            return Ok(child.map_or(0, |c| c.end(libc::SIGTERM)));
         }
         if now.saturating_sub(last_live) >= 200_000_000 {
             last_live = now;
             live(&rec.live()?);
         }
     }
-    if let Some(p) = pidfd {
-        sys.close(p);
-    }
-    if let (Some(c), true) = (child, child_running) {
-        // --duration or Ctrl-C ended the recording first: end the command like perf.
-        let _ = sys.kill(c.pid, libc::SIGTERM);
-        exit_status = sys.wait_child(c.pid, false).ok().flatten().map_or(0, |e| e.status);
-    }
-    rec.finish(exit_status)
 }
 
 /// Runs one instructed-mode request on an open session descriptor (the C API's calls
@@ -357,5 +490,7 @@ fn cpu_model() -> String {
 }
 
 fn read_trimmed(path: &str) -> String {
-    std::fs::read_to_string(path).map(|s| s.trim().to_string()).unwrap_or_default()
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }

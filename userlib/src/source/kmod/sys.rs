@@ -22,8 +22,7 @@ use hrperf_abi::ioctl::{
     BufferSlot, BuffersArg, ConsumeArg, CpuArg, CpuStats, FormatInfo, FormatList, ModuleInfo,
     SessionCreate, StatsArg, HRPERF_IOC_BUFFERS, HRPERF_IOC_CONSUME, HRPERF_IOC_CREATE,
     HRPERF_IOC_DESTROY, HRPERF_IOC_FORMATS, HRPERF_IOC_INFO, HRPERF_IOC_LOG, HRPERF_IOC_POLL,
-    HRPERF_IOC_POLL_LOG, HRPERF_IOC_RESTART, HRPERF_IOC_START, HRPERF_IOC_STATS,
-    HRPERF_IOC_STOP,
+    HRPERF_IOC_POLL_LOG, HRPERF_IOC_RESTART, HRPERF_IOC_START, HRPERF_IOC_STATS, HRPERF_IOC_STOP,
 };
 
 /// One `/dev/hrperf` ioctl with its typed argument.
@@ -282,7 +281,13 @@ unsafe impl KmodSys for LinuxKmodSys {
             Ioctl::Create(a) => {
                 // SAFETY: CREATE only reads the struct (and `fmt_arg_len` bytes at
                 // `fmt_arg`, which the caller set from a live slice or left zero).
-                unsafe { ioctl_ptr(fd, HRPERF_IOC_CREATE, (a as *const SessionCreate).cast_mut()) }
+                unsafe {
+                    ioctl_ptr(
+                        fd,
+                        HRPERF_IOC_CREATE,
+                        (a as *const SessionCreate).cast_mut(),
+                    )
+                }
             }
             Ioctl::Stats(a, entries) => {
                 a.entries = entries.as_mut_ptr() as u64;
@@ -323,7 +328,14 @@ unsafe impl KmodSys for LinuxKmodSys {
         // SAFETY: a fresh read-only shared mapping chosen by the kernel; no existing
         // memory is affected.
         let ptr = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
         };
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
@@ -360,7 +372,8 @@ unsafe impl KmodSys for LinuxKmodSys {
             std::fs::metadata(name)?;
             return to_c(Path::new(name));
         }
-        let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+        let path =
+            std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
         let mut not_executable = false;
         for dir in std::env::split_paths(&path) {
             let candidate = dir.join(name);
@@ -371,7 +384,11 @@ unsafe impl KmodSys for LinuxKmodSys {
                 not_executable = true;
             }
         }
-        Err(io::Error::from_raw_os_error(if not_executable { libc::EACCES } else { libc::ENOENT }))
+        Err(io::Error::from_raw_os_error(if not_executable {
+            libc::EACCES
+        } else {
+            libc::ENOENT
+        }))
     }
 
     fn spawn_held(
@@ -425,7 +442,11 @@ unsafe impl KmodSys for LinuxKmodSys {
             self.close(err_rd);
             return Err(e);
         }
-        Ok(HeldChild { pid, go_fd: go_wr, err_fd: err_rd })
+        Ok(HeldChild {
+            pid,
+            go_fd: go_wr,
+            err_fd: err_rd,
+        })
     }
 
     fn release_child(&self, child: &HeldChild) -> io::Result<()> {
@@ -485,7 +506,10 @@ unsafe impl KmodSys for LinuxKmodSys {
 
 /// `clock_gettime(CLOCK_MONOTONIC)` in ns.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid timespec to fill; CLOCK_MONOTONIC always exists.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -537,7 +561,8 @@ pub fn daemonize() -> io::Result<Forked> {
     if pid > 0 {
         LinuxKmodSys.close(wr);
         // SAFETY: `rd` is a fresh descriptor owned by nothing else.
-        return Ok(Forked::Parent { pid, ready: unsafe { std::fs::File::from_raw_fd(rd) } });
+        let ready = unsafe { std::fs::File::from_raw_fd(rd) };
+        return Ok(Forked::Parent { pid, ready });
     }
     LinuxKmodSys.close(rd);
     // SAFETY: setsid has no preconditions; in a fresh child it cannot fail (we are not
@@ -545,13 +570,18 @@ pub fn daemonize() -> io::Result<Forked> {
     unsafe { libc::setsid() };
     redirect(0, Path::new("/dev/null"), false)?;
     // SAFETY: `wr` is a fresh descriptor owned by nothing else.
-    Ok(Forked::Daemon { ready: unsafe { std::fs::File::from_raw_fd(wr) } })
+    let ready = unsafe { std::fs::File::from_raw_fd(wr) };
+    Ok(Forked::Daemon { ready })
 }
 
 /// Points `target_fd` (0, 1 or 2) at `path`, opened for writing (appending) if `write`.
 pub fn redirect(target_fd: i32, path: &Path, write: bool) -> io::Result<()> {
     let c = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
-    let flags = if write { libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND } else { libc::O_RDONLY };
+    let flags = if write {
+        libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND
+    } else {
+        libc::O_RDONLY
+    };
     // SAFETY: `c` is a NUL-terminated path that outlives the call.
     let fd = cvt(unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, 0o600) }.into())? as i32;
     // SAFETY: dup2 onto a standard descriptor; both are valid (fd just opened).

@@ -1,0 +1,161 @@
+#!/bin/sh
+# Runs inside the QEMU guest after guest.sh's kernel checks: the userspace half of the
+# kmod path, through the real hrperf CLI, libhrperf.so and the Python helper.
+# Files: /usr/bin/{hrperf,hrperf-burn,libhrperf_decode_delta.so,hrperf_api_test},
+# /usr/lib/libhrperf.so, /usr/bin/python3 + stdlib subset, /py/{hrperf.py,hrperf_py_test.py}.
+# Every check prints "ok: ..." or "FAIL: ..." (and exits non-zero).
+set -e
+step() { echo "== $*"; }
+fail() { echo "FAIL: $*"; exit 1; }
+ms() { awk '{ printf "%d\n", $1 * 1000 }' /proc/uptime; }
+
+# check_delta CSV TRIGGER MIN_NS MAX_NS [RECORDS_PER_CPU]
+# Every record is a delta record of TRIGGER; per CPU: records > 0 (or exactly as given),
+# timestamps strictly increasing, summed cpu-clock within [MIN_NS, MAX_NS].
+check_delta() {
+    awk -F, -v trig="$2" -v lo="$3" -v hi="$4" -v want="${5:-0}" '
+    NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+    $1 == "lost" { lost[$2] += $col["lost"]; next }
+    $1 != "delta" { printf "FAIL: record kind %s\n", $1; bad = 1; next }
+    {
+        c = $2; n[c]++
+        if ($col["trigger"] != trig) { printf "FAIL: cpu %s: trigger %s, want %s\n", c, $col["trigger"], trig; bad = 1 }
+        t = $col["time_ns"] + 0
+        if (n[c] > 1 && t <= last[c]) back[c]++
+        last[c] = t
+        sum[c] += $col["cpu-clock"]
+    }
+    END {
+        cpus = 0
+        for (c in n) {
+            cpus++
+            printf "  cpu %s: %d %s records, cpu-clock %.1f ms, lost %d, timestamps backwards %d\n", c, n[c], trig, sum[c] / 1e6, lost[c], back[c]
+            if (want > 0 && n[c] != want) { printf "FAIL: cpu %s: %d records, want %d\n", c, n[c], want; bad = 1 }
+            if (back[c] > 0) { printf "FAIL: cpu %s: timestamps not increasing\n", c; bad = 1 }
+            if (sum[c] < lo || sum[c] > hi) { printf "FAIL: cpu %s: cpu-clock %d ns outside [%d, %d]\n", c, sum[c], lo, hi; bad = 1 }
+        }
+        if (cpus == 0) { print "FAIL: no records"; bad = 1 }
+        exit bad
+    }' "$1"
+}
+
+# check_regions PROGRAM_OUTPUT CSV SLACK_PAGES
+# The exit record of region i on CPU 0 (its (2i)-th record) counts at least the pages the
+# program touched in it, and at most SLACK_PAGES more. If the program timed the region
+# (inner_ns: from the entry call's return to the exit call; outer_ns: from the entry
+# call to the exit call's return), CPU 0's cpu-clock delta lies between the two (10% and
+# 0.5 ms of slack for local_clock vs CLOCK_MONOTONIC).
+check_regions() {
+    awk -F, -v slack="$3" '
+    FNR == NR { if ($0 ~ /^region /) { split($0, w, " "); r = w[2]; pages[r] = w[4]; inner[r] = w[6]; outer[r] = w[8]; nreg++ }; next }
+    FNR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+    $1 == "delta" && $2 == 0 {
+        k++
+        if (k % 2 == 0) {
+            r = k / 2; pf = $col["page-faults"]; cc = $col["cpu-clock"]
+            printf "  region %d: %d pages touched, page-faults %d, cpu-clock %.2f ms", r, pages[r], pf, cc / 1e6
+            if (outer[r] != "") printf " (program: %.2f..%.2f ms)", inner[r] / 1e6, outer[r] / 1e6
+            printf "\n"
+            if (pf < pages[r] || pf > pages[r] + slack) { printf "FAIL: region %d: page-faults %d for %d pages\n", r, pf, pages[r]; bad = 1 }
+            if (outer[r] != "" && (cc > outer[r] * 1.1 + 500000 || cc < inner[r] * 0.9 - 500000)) { printf "FAIL: region %d: cpu-clock %d outside %d..%d\n", r, cc, inner[r], outer[r]; bad = 1 }
+            seen++
+        }
+    }
+    END { if (nreg == 0 || seen < nreg) { printf "FAIL: %d regions printed, %d exit records found\n", nreg, seen; bad = 1 }; exit bad }' "$1" "$2"
+}
+
+step "hrperf CLI: errors before the module is loaded"
+if out=$(hrperf status 2>&1); then fail "hrperf status without the module succeeded"; fi
+echo "$out"
+echo "$out" | grep -q 'insmod hrperf-core.ko' || fail "no insmod hint"
+[ "$(echo "$out" | wc -l)" = 1 ] || fail "error is not one line"
+
+insmod /hrperf-core.ko
+insmod /fmt-delta.ko
+
+step "hrperf status"
+hrperf status | tee /tmp/status
+grep -q '^  delta ' /tmp/status || fail "hrperf status does not list delta"
+grep -q '^default mode:  overflow' /tmp/status || fail "default mode"
+if out=$(hrperf record --source kmod --format nope -a --duration 10ms -o /tmp/x.data 2>&1); then fail "unknown format accepted"; fi
+echo "$out"
+echo "$out" | grep -q 'insmod fmt-nope.ko (registered formats: delta)' || fail "format hint"
+echo "ok: status lists delta; one-line errors name the module to load"
+
+step "hrperf record --source kmod -e cpu-clock,page-faults -c 100000 -- hrperf-burn (overflow)"
+t0=$(ms)
+hrperf record --source kmod -e cpu-clock,page-faults -c 100000 -o /tmp/ovf.data -- \
+    hrperf-burn --ms 1000 --threads 2 --touch-mb 8
+t1=$(ms)
+hrperf info -i /tmp/ovf.data
+hrperf info -i /tmp/ovf.data | grep -q '^source: *kmod' || fail "capture source is not kmod"
+hrperf decode -i /tmp/ovf.data --output csv > /tmp/ovf.csv
+head -3 /tmp/ovf.csv
+# cpu-clock counts each CPU's time from START to STOP: at most the wall time around the
+# command (+20 ms), at least half the 1000 ms the workload spins.
+check_delta /tmp/ovf.csv overflow 500000000 $(( (t1 - t0 + 20) * 1000000 )) || fail "overflow capture"
+recs=$(($(grep -c '^delta,' /tmp/ovf.csv)))
+echo "MEASURED cli overflow: $recs records decoded from a $((t1 - t0)) ms run = $((recs * 1000 / (t1 - t0))) records/s recorded through hrperf record --source kmod (2 CPUs, period 100000 ns cpu-clock; TCG timing, not hardware)"
+echo "ok: overflow recording decodes: records per CPU, increasing timestamps, cpu-clock vs elapsed"
+
+step "hrperf record (auto source = kmod) --poll-us 1000 -a --duration 500ms (poll)"
+t0=$(ms)
+hrperf record -e cpu-clock,context-switches --poll-us 1000 -a --duration 500ms -o /tmp/poll.data
+t1=$(ms)
+hrperf info -i /tmp/poll.data | grep -q '^source: *kmod' || fail "auto did not pick kmod"
+hrperf decode -i /tmp/poll.data --output csv > /tmp/poll.csv
+check_delta /tmp/poll.csv poll 250000000 $(( (t1 - t0 + 20) * 1000000 )) || fail "poll capture"
+ticks=$(($(grep -c '^delta,0,' /tmp/poll.csv)))
+echo "MEASURED cli poll: $ticks records on cpu 0 in 500 ms = $((ticks * 2)) ticks/s per CPU at 1000 us (TCG timing, not hardware)"
+echo "ok: poll recording decodes"
+
+step "C API: hrperf record --instructed -- hrperf_api_test (libhrperf.so regions)"
+hrperf record --source kmod --instructed -e cpu-clock,page-faults -o /tmp/capi.data -- \
+    hrperf_api_test 4 | tee /tmp/capi.out
+grep -q '^ok: C API' /tmp/capi.out || fail "C API test"
+hrperf decode -i /tmp/capi.data --output csv > /tmp/capi.csv
+check_delta /tmp/capi.csv instructed 0 100000000000 8 || fail "C API capture: 8 instructed records per CPU"
+check_regions /tmp/capi.out /tmp/capi.csv 64 || fail "C API regions"
+hrperf record --source kmod --instructed -q -e cpu-clock -o /tmp/bench.data -- \
+    hrperf_api_test bench 2000
+hrperf decode -i /tmp/bench.data --output csv > /tmp/bench.csv
+check_delta /tmp/bench.csv instructed 0 100000000000 2000 || fail "C API bench capture"
+echo "ok: C API regions decode with the right counts; 2000 marks, 2000 records per CPU"
+
+step "hrperf start/poll-log/pause/stop daemon + Python helper"
+export HRPERF_SOCKET=/tmp/hrperf-ctl/ctl.sock
+hrperf start --instructed --paused -e cpu-clock,page-faults -o /tmp/py.data
+hrperf status | tee /tmp/status2 | grep 'hrperf start:  pid=.* state=paused' || fail "status does not show the paused session"
+grep -q '^  delta .* 1$' /tmp/status2 || fail "status does not count the session as a user of delta"
+grep -q '^sessions:      1 open' /tmp/status2 || fail "status does not count the session"
+if hrperf poll-log 2>/dev/null; then fail "poll-log on a paused session succeeded"; fi
+if hrperf start --instructed 2>/dev/null; then fail "second session accepted"; fi
+hrperf start
+hrperf poll-log
+python3 /py/hrperf_py_test.py 3 | tee /tmp/py.out
+grep -q '^ok: python helper' /tmp/py.out || fail "python helper test"
+hrperf poll
+hrperf log
+hrperf pause
+if out=$(hrperf poll-log 2>&1); then fail "poll-log while paused succeeded"; fi
+echo "$out"
+echo "$out" | grep -q 'not in instructed mode, or it is paused' || fail "paused poll-log error"
+hrperf start
+hrperf status | grep -q 'state=running' || fail "not running after start"
+hrperf stop
+if hrperf status | grep -q 'hrperf start:  pid='; then fail "session still there after stop"; fi
+cat /tmp/hrperf-ctl/ctl.sock.log
+hrperf decode -i /tmp/py.data --output csv > /tmp/py.csv
+# poll-log + 3 regions x 2 + poll/log: 8 instructed records per CPU
+check_delta /tmp/py.csv instructed 0 100000000000 8 || fail "Python capture"
+# region i is records 2i+1 and 2i+2 on CPU 0 (after the CLI's poll-log): shift by one
+awk -F, 'NR == 1 || !($1 == "delta" && $2 == 0 && ++k == 1)' /tmp/py.csv > /tmp/py0.csv
+check_regions /tmp/py.out /tmp/py0.csv 256 || fail "Python regions"
+echo "ok: daemon session (start, poll-log, poll, log, pause, start, stop) and Python regions"
+
+step "nothing left behind"
+hrperf status | grep '^sessions:' 
+hrperf status | grep -q '^sessions:      0 open' || fail "sessions left open"
+rmmod fmt_delta
+rmmod hrperf_core
+echo "ok: userspace half"
