@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use hrperf_abi::{EventDesc, MAX_COUNTERS};
 
+mod child;
 pub mod kmod;
 pub mod perf;
 pub mod sim;

@@ -25,6 +25,8 @@ use hrperf_abi::ioctl::{
     HRPERF_IOC_POLL_LOG, HRPERF_IOC_RESTART, HRPERF_IOC_START, HRPERF_IOC_STATS, HRPERF_IOC_STOP,
 };
 
+use crate::source::child::{self, cvt, cvt_retry, pipe_cloexec};
+
 /// One `/dev/hrperf` ioctl with its typed argument.
 ///
 /// For the list commands the slice is where the kernel writes the entries; the real
@@ -88,17 +90,7 @@ pub struct ChildExit {
     pub status: i32,
 }
 
-/// A forked child held before `execve` until [`KmodSys::release_child`].
-#[derive(Debug)]
-pub struct HeldChild {
-    /// Its pid.
-    pub pid: i32,
-    /// Write end of the go pipe: one byte lets the child exec, EOF makes it `_exit(127)`.
-    pub go_fd: i32,
-    /// Read end of the error pipe (close-on-exec in the child): EOF means the exec
-    /// succeeded; four bytes are the exec's `errno`.
-    pub err_fd: i32,
-}
+pub use crate::source::child::HeldChild;
 
 /// The system calls of the kmod client.
 ///
@@ -157,30 +149,6 @@ pub unsafe trait KmodSys: Send + Sync + std::fmt::Debug {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct LinuxKmodSys;
 
-fn cvt(ret: libc::c_long) -> io::Result<libc::c_long> {
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret)
-    }
-}
-
-fn cvt_retry(mut f: impl FnMut() -> libc::c_long) -> io::Result<libc::c_long> {
-    loop {
-        match cvt(f()) {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            other => return other,
-        }
-    }
-}
-
-fn pipe_cloexec() -> io::Result<[i32; 2]> {
-    let mut fds = [0i32; 2];
-    // SAFETY: `fds` is a valid array of two c_ints for pipe2 to fill.
-    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }.into())?;
-    Ok(fds)
-}
-
 /// `ioctl(fd, cmd, arg)` with a pointer argument, retried on `EINTR`.
 ///
 /// # Safety
@@ -193,58 +161,6 @@ unsafe fn ioctl_ptr<T>(fd: i32, cmd: u32, arg: *mut T) -> io::Result<()> {
         unsafe { libc::ioctl(fd, cmd as _, arg) }.into()
     })?;
     Ok(())
-}
-
-/// The child side of [`LinuxKmodSys::spawn_held`]: only async-signal-safe calls.
-///
-/// # Safety
-///
-/// Must be called in a freshly forked child; the pointers are NUL-terminated arrays of
-/// NUL-terminated strings that the parent built before `fork`.
-unsafe fn child_after_fork(
-    [go_rd, go_wr]: [i32; 2],
-    [err_rd, err_wr]: [i32; 2],
-    keep_fd: i32,
-    path: *const libc::c_char,
-    argv: *const *const libc::c_char,
-    envp: *const *const libc::c_char,
-    empty_mask: &libc::sigset_t,
-) -> ! {
-    // SAFETY: close, sigprocmask, signal and fcntl are async-signal-safe; the fds are
-    // ours; `empty_mask` was initialised before fork.
-    unsafe {
-        libc::close(go_wr);
-        libc::close(err_rd);
-        libc::sigprocmask(libc::SIG_SETMASK, empty_mask, std::ptr::null_mut());
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-        if keep_fd >= 0 {
-            // Only this process's descriptor table: the parent keeps FD_CLOEXEC.
-            libc::fcntl(keep_fd, libc::F_SETFD, 0);
-        }
-    }
-    let mut byte = 0u8;
-    loop {
-        // SAFETY: reading one byte into a local; read(2) is async-signal-safe.
-        let n = unsafe { libc::read(go_rd, (&mut byte as *mut u8).cast(), 1) };
-        if n == 1 {
-            break;
-        }
-        // SAFETY: __errno_location is async-signal-safe and returns this thread's errno.
-        if n < 0 && unsafe { *libc::__errno_location() } == libc::EINTR {
-            continue;
-        }
-        // SAFETY: _exit is async-signal-safe and never returns.
-        unsafe { libc::_exit(127) };
-    }
-    // SAFETY: the caller guarantees the pointers are valid NUL-terminated arrays.
-    unsafe { libc::execve(path, argv, envp) };
-    // SAFETY: as above; errno is this thread's.
-    let bytes = unsafe { *libc::__errno_location() }.to_ne_bytes();
-    // SAFETY: writing four bytes from a local array to the error pipe, then _exit.
-    unsafe {
-        libc::write(err_wr, bytes.as_ptr().cast(), bytes.len());
-        libc::_exit(127)
-    }
 }
 
 // SAFETY: `mmap_read` returns the kernel's page-aligned mapping of the session's
@@ -363,32 +279,7 @@ unsafe impl KmodSys for LinuxKmodSys {
     }
 
     fn find_program(&self, name: &str) -> io::Result<CString> {
-        use std::os::unix::fs::PermissionsExt;
-        let to_c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(io::Error::other);
-        if name.is_empty() {
-            return Err(io::Error::from_raw_os_error(libc::ENOENT));
-        }
-        if name.contains('/') {
-            std::fs::metadata(name)?;
-            return to_c(Path::new(name));
-        }
-        let path =
-            std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
-        let mut not_executable = false;
-        for dir in std::env::split_paths(&path) {
-            let candidate = dir.join(name);
-            if let Ok(meta) = std::fs::metadata(&candidate) {
-                if meta.is_file() && meta.permissions().mode() & 0o111 != 0 {
-                    return to_c(&candidate);
-                }
-                not_executable = true;
-            }
-        }
-        Err(io::Error::from_raw_os_error(if not_executable {
-            libc::EACCES
-        } else {
-            libc::ENOENT
-        }))
+        child::find_program(name)
     }
 
     fn spawn_held(
@@ -398,109 +289,31 @@ unsafe impl KmodSys for LinuxKmodSys {
         envp: &[CString],
         keep_fd: Option<i32>,
     ) -> io::Result<HeldChild> {
-        // Everything the child touches is built before fork: no allocation after it.
-        let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
-        argv_ptrs.push(std::ptr::null());
-        let mut envp_ptrs: Vec<*const libc::c_char> = envp.iter().map(|a| a.as_ptr()).collect();
-        envp_ptrs.push(std::ptr::null());
-        let [go_rd, go_wr] = pipe_cloexec()?;
-        let [err_rd, err_wr] = match pipe_cloexec() {
-            Ok(p) => p,
-            Err(e) => {
-                self.close(go_rd);
-                self.close(go_wr);
-                return Err(e);
-            }
-        };
-        // SAFETY: an all-zero sigset_t is valid storage for sigemptyset to initialise.
-        let mut empty_mask: libc::sigset_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `empty_mask` is a valid sigset_t to write.
-        unsafe { libc::sigemptyset(&mut empty_mask) };
-        // SAFETY: fork has no memory-safety preconditions; the child only runs
-        // `child_after_fork`, which uses async-signal-safe calls on data built above.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            // SAFETY: we are the freshly forked child; the pointer arrays are
-            // NUL-terminated and alive (our copy of the parent's memory).
-            unsafe {
-                child_after_fork(
-                    [go_rd, go_wr],
-                    [err_rd, err_wr],
-                    keep_fd.unwrap_or(-1),
-                    path.as_ptr(),
-                    argv_ptrs.as_ptr(),
-                    envp_ptrs.as_ptr(),
-                    &empty_mask,
-                )
-            }
-        }
-        let fork_err = (pid < 0).then(io::Error::last_os_error);
-        self.close(go_rd);
-        self.close(err_wr);
-        if let Some(e) = fork_err {
-            self.close(go_wr);
-            self.close(err_rd);
-            return Err(e);
-        }
-        Ok(HeldChild {
-            pid,
-            go_fd: go_wr,
-            err_fd: err_rd,
-        })
+        child::spawn_held(path, argv, envp, keep_fd)
     }
 
     fn release_child(&self, child: &HeldChild) -> io::Result<()> {
-        let go = [1u8];
-        let wrote = cvt_retry(|| {
-            // SAFETY: writing one byte from a live local array.
-            unsafe { libc::write(child.go_fd, go.as_ptr().cast(), 1) as libc::c_long }
-        });
+        let wrote = child::send_go(child.go_fd);
         self.close(child.go_fd);
         if let Err(e) = wrote {
             self.close(child.err_fd);
             return Err(e);
         }
-        let mut buf = [0u8; 4];
-        let n = cvt_retry(|| {
-            // SAFETY: reading at most four bytes into a live local array.
-            unsafe { libc::read(child.err_fd, buf.as_mut_ptr().cast(), buf.len()) as libc::c_long }
-        });
+        let exec = child::exec_result(child.err_fd);
         self.close(child.err_fd);
-        match n? {
-            0 => Ok(()),
-            _ => Err(io::Error::from_raw_os_error(i32::from_ne_bytes(buf))),
-        }
+        exec
     }
 
     fn wait_child(&self, pid: i32, nohang: bool) -> io::Result<Option<ChildExit>> {
-        let mut status = 0i32;
-        let flags = if nohang { libc::WNOHANG } else { 0 };
-        let r = cvt_retry(|| {
-            // SAFETY: `status` is a live local the kernel writes.
-            unsafe { libc::waitpid(pid, &mut status, flags) }.into()
-        })?;
-        if r == 0 {
-            return Ok(None);
-        }
-        let status = if libc::WIFSIGNALED(status) {
-            -libc::WTERMSIG(status)
-        } else {
-            libc::WEXITSTATUS(status)
-        };
-        Ok(Some(ChildExit { status }))
+        Ok(child::wait_child(pid, nohang)?.map(|(status, _cpu_time_ns)| ChildExit { status }))
     }
 
     fn kill(&self, pid: i32, signal: i32) -> io::Result<()> {
-        // SAFETY: kill has no memory-safety preconditions.
-        cvt(unsafe { libc::kill(pid, signal) }.into())?;
-        Ok(())
+        child::kill(pid, signal)
     }
 
     fn pidfd_open(&self, pid: i32) -> io::Result<i32> {
-        // SAFETY: pidfd_open takes two integers.
-        let fd = cvt(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
-        // The pidfd is close-on-exec by default (PIDFD_NONBLOCK not asked).
-        Ok(fd as i32)
+        child::pidfd_open(pid)
     }
 }
 

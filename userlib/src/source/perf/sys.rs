@@ -8,6 +8,8 @@ use std::ffi::{CStr, CString};
 use std::io;
 use std::ptr::NonNull;
 
+use crate::source::child::{self, cvt, cvt_retry};
+
 /// `PERF_ATTR_SIZE_VER8`: the size of [`PerfEventAttr`] we pass.
 pub const PERF_ATTR_SIZE: u32 = 136;
 
@@ -136,17 +138,7 @@ pub struct ChildExit {
     pub cpu_time_ns: u64,
 }
 
-/// A forked child held before `execve` until [`Sys::release_child`].
-#[derive(Debug)]
-pub struct HeldChild {
-    /// Its pid.
-    pub pid: i32,
-    /// Write end of the go pipe: one byte lets the child exec, EOF makes it `_exit(127)`.
-    pub go_fd: i32,
-    /// Read end of the error pipe (close-on-exec in the child): EOF means the exec
-    /// succeeded; four bytes are the exec's `errno`.
-    pub err_fd: i32,
-}
+pub use crate::source::child::HeldChild;
 
 /// The system calls of the perf source.
 ///
@@ -208,87 +200,6 @@ pub trait Sys: Send + Sync {
 /// The real system calls.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct LinuxSys;
-
-fn cvt(ret: libc::c_long) -> io::Result<libc::c_long> {
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret)
-    }
-}
-
-fn cvt_retry(mut f: impl FnMut() -> libc::c_long) -> io::Result<libc::c_long> {
-    loop {
-        match cvt(f()) {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            other => return other,
-        }
-    }
-}
-
-fn pipe_cloexec() -> io::Result<[i32; 2]> {
-    let mut fds = [0i32; 2];
-    // SAFETY: `fds` is a valid array of two c_ints for pipe2 to fill.
-    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }.into())?;
-    Ok(fds)
-}
-
-/// The child side of [`LinuxSys::spawn_held`]: only async-signal-safe calls.
-///
-/// Like `std::process::Command`, it gives the program an empty signal mask and the
-/// default `SIGPIPE` (Rust programs ignore `SIGPIPE`; an ignored signal survives exec).
-///
-/// # Safety
-///
-/// Must be called in a freshly forked child; the pointers are NUL-terminated arrays of
-/// NUL-terminated strings that the parent built before `fork`.
-unsafe fn child_after_fork(
-    [go_rd, go_wr]: [i32; 2],
-    [err_rd, err_wr]: [i32; 2],
-    path: *const libc::c_char,
-    argv: *const *const libc::c_char,
-    envp: *const *const libc::c_char,
-    empty_mask: &libc::sigset_t,
-) -> ! {
-    // Our copies of the parent's ends: without this, closing the go pipe in the parent
-    // would never reach us as EOF.
-    // SAFETY: close(2) is async-signal-safe; these fds are ours and unused here.
-    unsafe {
-        libc::close(go_wr);
-        libc::close(err_rd);
-    }
-    // SAFETY: sigprocmask and signal are async-signal-safe; `empty_mask` was initialised
-    // by sigemptyset before fork.
-    unsafe {
-        libc::sigprocmask(libc::SIG_SETMASK, empty_mask, std::ptr::null_mut());
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-    let mut byte = 0u8;
-    loop {
-        // SAFETY: reading one byte into a local; read(2) is async-signal-safe.
-        let n = unsafe { libc::read(go_rd, (&mut byte as *mut u8).cast(), 1) };
-        if n == 1 {
-            break;
-        }
-        // SAFETY: __errno_location is async-signal-safe and returns this thread's errno.
-        if n < 0 && unsafe { *libc::__errno_location() } == libc::EINTR {
-            continue;
-        }
-        // EOF: the parent gave up on us before start.
-        // SAFETY: _exit is async-signal-safe and never returns.
-        unsafe { libc::_exit(127) };
-    }
-    // SAFETY: the caller guarantees the pointers are valid NUL-terminated arrays.
-    unsafe { libc::execve(path, argv, envp) };
-    // SAFETY: as above; errno is this thread's.
-    let errno = unsafe { *libc::__errno_location() };
-    let bytes = errno.to_ne_bytes();
-    // SAFETY: writing four bytes from a local array to the error pipe, then _exit.
-    unsafe {
-        libc::write(err_wr, bytes.as_ptr().cast(), bytes.len());
-        libc::_exit(127)
-    }
-}
 
 impl Sys for LinuxSys {
     fn perf_event_open(
@@ -413,145 +324,32 @@ impl Sys for LinuxSys {
     }
 
     fn find_program(&self, name: &str) -> io::Result<CString> {
-        use std::os::unix::ffi::OsStrExt;
-        use std::os::unix::fs::PermissionsExt;
-        let to_c =
-            |p: &std::path::Path| CString::new(p.as_os_str().as_bytes()).map_err(io::Error::other);
-        if name.is_empty() {
-            return Err(io::Error::from_raw_os_error(libc::ENOENT));
-        }
-        if name.contains('/') {
-            std::fs::metadata(name)?;
-            return to_c(std::path::Path::new(name));
-        }
-        let path =
-            std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
-        let mut not_executable = false;
-        for dir in std::env::split_paths(&path) {
-            let candidate = dir.join(name);
-            if let Ok(meta) = std::fs::metadata(&candidate) {
-                if meta.is_file() && meta.permissions().mode() & 0o111 != 0 {
-                    return to_c(&candidate);
-                }
-                not_executable = true;
-            }
-        }
-        Err(io::Error::from_raw_os_error(if not_executable {
-            libc::EACCES
-        } else {
-            libc::ENOENT
-        }))
+        child::find_program(name)
     }
 
     fn spawn_held(&self, path: &CStr, argv: &[CString], envp: &[CString]) -> io::Result<HeldChild> {
-        // Everything the child touches is built before fork: no allocation after it.
-        let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
-        argv_ptrs.push(std::ptr::null());
-        let mut envp_ptrs: Vec<*const libc::c_char> = envp.iter().map(|a| a.as_ptr()).collect();
-        envp_ptrs.push(std::ptr::null());
-        let [go_rd, go_wr] = pipe_cloexec()?;
-        let [err_rd, err_wr] = match pipe_cloexec() {
-            Ok(p) => p,
-            Err(e) => {
-                self.close(go_rd);
-                self.close(go_wr);
-                return Err(e);
-            }
-        };
-        // SAFETY: an all-zero sigset_t is valid storage for sigemptyset to initialise.
-        let mut empty_mask: libc::sigset_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `empty_mask` is a valid sigset_t to write.
-        unsafe { libc::sigemptyset(&mut empty_mask) };
-        // SAFETY: fork has no memory-safety preconditions; the child only runs
-        // `child_after_fork`, which uses async-signal-safe calls on data built above.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            // SAFETY: we are the freshly forked child and the pointer arrays are
-            // NUL-terminated and alive (the parent's copies are ours after fork).
-            unsafe {
-                child_after_fork(
-                    [go_rd, go_wr],
-                    [err_rd, err_wr],
-                    path.as_ptr(),
-                    argv_ptrs.as_ptr(),
-                    envp_ptrs.as_ptr(),
-                    &empty_mask,
-                )
-            }
-        }
-        let fork_err = (pid < 0).then(io::Error::last_os_error);
-        self.close(go_rd);
-        self.close(err_wr);
-        if let Some(e) = fork_err {
-            self.close(go_wr);
-            self.close(err_rd);
-            return Err(e);
-        }
-        Ok(HeldChild {
-            pid,
-            go_fd: go_wr,
-            err_fd: err_rd,
-        })
+        child::spawn_held(path, argv, envp, None)
     }
 
     fn release_child(&self, child: &HeldChild) -> io::Result<()> {
-        let go = [1u8];
-        cvt_retry(|| {
-            // SAFETY: writing one byte from a live local array.
-            unsafe { libc::write(child.go_fd, go.as_ptr().cast(), 1) as libc::c_long }
-        })?;
-        let mut errno = [0u8; 4];
-        let mut got = 0;
-        while got < errno.len() {
-            let n = self.read(child.err_fd, &mut errno[got..])?;
-            if n == 0 {
-                break;
-            }
-            got += n;
-        }
-        match got {
-            0 => Ok(()),
-            4 => Err(io::Error::from_raw_os_error(i32::from_ne_bytes(errno))),
-            _ => Err(io::Error::other("short read from the exec error pipe")),
-        }
+        child::send_go(child.go_fd)?;
+        child::exec_result(child.err_fd)
     }
 
     fn wait_child(&self, pid: i32, nohang: bool) -> io::Result<Option<ChildExit>> {
-        let mut status = 0;
-        // SAFETY: an all-zero rusage is a valid value for wait4 to overwrite.
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        let flags = if nohang { libc::WNOHANG } else { 0 };
-        let r = cvt_retry(|| {
-            // SAFETY: `status` and `ru` are valid locals for wait4 to fill.
-            unsafe { libc::wait4(pid, &mut status, flags, &mut ru) }.into()
-        })?;
-        if r == 0 {
-            return Ok(None);
-        }
-        let status = if libc::WIFEXITED(status) {
-            libc::WEXITSTATUS(status)
-        } else if libc::WIFSIGNALED(status) {
-            -libc::WTERMSIG(status)
-        } else {
-            0
-        };
-        let tv_ns = |tv: libc::timeval| tv.tv_sec as u64 * 1_000_000_000 + tv.tv_usec as u64 * 1000;
-        Ok(Some(ChildExit {
+        let exit = child::wait_child(pid, nohang)?;
+        Ok(exit.map(|(status, cpu_time_ns)| ChildExit {
             status,
-            cpu_time_ns: tv_ns(ru.ru_utime) + tv_ns(ru.ru_stime),
+            cpu_time_ns,
         }))
     }
 
     fn kill(&self, pid: i32, signal: i32) -> io::Result<()> {
-        // SAFETY: kill has no memory-safety preconditions.
-        cvt(unsafe { libc::kill(pid, signal) }.into())?;
-        Ok(())
+        child::kill(pid, signal)
     }
 
     fn pidfd_open(&self, pid: i32) -> io::Result<i32> {
-        // SAFETY: pidfd_open takes two integers.
-        let fd = cvt(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
-        Ok(fd as i32)
+        child::pidfd_open(pid)
     }
 
     fn read_file(&self, path: &str) -> io::Result<String> {
