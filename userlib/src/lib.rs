@@ -4,9 +4,11 @@
 //!   `perf` (`perf_event_open`), `kmod` (`/dev/hrperf`).
 //! - [`capture`]: the self-describing capture file (`hrperf.data`), writer and reader.
 //! - [`plugin`]: the decoder-plugin host (libloading).
+//! - [`pebs_report`]: the memory-access profile of a PEBS capture.
 
 pub mod capture;
 pub mod decode;
+pub mod pebs_report;
 pub mod plugin;
 pub mod record;
 pub mod source;

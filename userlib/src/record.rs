@@ -11,6 +11,14 @@
 //! the "reader" drains them into the capture file on the format's NOTIFY and at least
 //! every `drain_interval_ns` of source time. Every drop is counted per CPU and written
 //! to the capture (LOST records inline, totals in the stats chunk).
+//!
+//! Zero-copy PEBS formats (`FMT_FL_PEBS`) take a different buffer path: the PMU writes
+//! the records into the buffer itself, so the buffers are lent to the PMU
+//! ([`RecordOptions::pebs_pmu`], the `sim` source's [`PebsPmu`]) while the source runs;
+//! the PMU's threshold interrupt is the only sample dispatched through the engine; a
+//! drain reads the records in place (`hrperf_fmt_pebs::assist::drain` wraps each into a
+//! capture record), then `CpuSession::restart` resets the DS index and the PMU's PEBS
+//! is re-enabled. The format argument's PMU fields come from the PMU, never the user.
 
 use std::io::Write;
 use std::path::Path;
@@ -18,16 +26,25 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use hrperf_abi::capture::EndInfo;
-use hrperf_abi::format::{SessionParams, CTRL_NOTIFY, CTRL_RESET, MODE_OVERFLOW, MODE_POLL};
+use hrperf_abi::format::{SessionParams, CTRL_NOTIFY, CTRL_RESET, FMT_FL_PEBS, MODE_OVERFLOW, MODE_POLL};
 use hrperf_abi::ioctl::CpuStats;
 use hrperf_abi::{FormatOps, Services};
 use hrperf_engine::{Buffer, CounterConfig, CpuSession, EngineError, Format, Registry, RingReader, Selector, Session};
 
+use hrperf_fmt_pebs::format::PebsHeader;
+
 use crate::capture::{CaptureError, CaptureMeta, Writer};
+use crate::source::sim::pebs::{PebsCpuCounts, PebsPmu};
 use crate::source::{Source, SourceError};
 
 /// The formats built into the userspace engine (the kernel gets them from fmt-*.ko).
-pub static BUILTIN_FORMATS: &[&FormatOps] = &[&hrperf_fmt_delta::DELTA_OPS];
+pub static BUILTIN_FORMATS: &[&FormatOps] = &[&hrperf_fmt_delta::DELTA_OPS, &hrperf_fmt_pebs::PEBS_OPS];
+
+/// Whether the built-in format `name` is a zero-copy PEBS format (needs a PEBS-capable
+/// PMU: [`RecordOptions::pebs_pmu`]).
+pub fn format_needs_pebs(name: &str) -> bool {
+    BUILTIN_FORMATS.iter().any(|f| hrperf_abi::name_bytes(&f.name) == name.as_bytes() && f.flags & FMT_FL_PEBS != 0)
+}
 
 /// A registry holding [`BUILTIN_FORMATS`].
 pub fn builtin_registry() -> Registry<16> {
@@ -60,6 +77,10 @@ pub struct RecordOptions {
     pub host_info: bool,
     /// Simulator configuration text (sim source).
     pub sim_config: String,
+    /// The PEBS-capable PMU that writes records into the buffers of a `FMT_FL_PEBS`
+    /// format (the sim source's [`SimSource::pebs_pmu`](crate::source::sim::SimSource::pebs_pmu)).
+    /// Without one such formats are refused: no PEBS-capable PMU.
+    pub pebs_pmu: Option<PebsPmu>,
 }
 
 impl Default for RecordOptions {
@@ -73,6 +94,7 @@ impl Default for RecordOptions {
             command: Vec::new(),
             host_info: true,
             sim_config: String::new(),
+            pebs_pmu: None,
         }
     }
 }
@@ -115,6 +137,23 @@ pub struct RecordSummary {
     pub exit_status: i32,
     /// Source time recorded.
     pub elapsed_ns: u64,
+    /// Per-CPU accounting of a zero-copy PEBS recording (empty otherwise).
+    pub pebs: Vec<PebsCpuSummary>,
+}
+
+/// How one CPU's PEBS records were accounted for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PebsCpuSummary {
+    /// CPU.
+    pub cpu: u32,
+    /// Records read in place and written to the capture.
+    pub records: u64,
+    /// Drains that found records (each followed by a restart).
+    pub drains: u64,
+    /// The format's header at the end (threshold PMIs, restarts, records copied = 0, lost).
+    pub header: PebsHeader,
+    /// What the PMU counted (assists, records written, PMIs, masked overflows).
+    pub hw: PebsCpuCounts,
 }
 
 /// Why a recording failed.
@@ -134,6 +173,14 @@ pub enum RecordError {
         name: String,
         /// The known names.
         known: String,
+    },
+    /// A zero-copy PEBS format without a PEBS-capable PMU.
+    #[error("format '{format}' needs a PEBS-capable PMU and this source has none ({detail}); record with --source sim for a simulated PEBS PMU")]
+    NoPebsPmu {
+        /// The format.
+        format: String,
+        /// What the source is.
+        detail: String,
     },
     /// The engine or the format refused.
     #[error("{what}: {error}")]
@@ -155,6 +202,8 @@ struct CpuSlot {
     cpu: u32,
     session: CpuSession,
     words: Vec<u64>,
+    /// PEBS accounting (zero-copy formats).
+    pebs: PebsCpuSummary,
 }
 
 impl CpuSlot {
@@ -207,6 +256,23 @@ pub fn record<W: Write>(
         RecordError::UnknownFormat { name: opts.format.clone(), known: known.join(", ") }
     })?;
 
+    let pebs = if format.ops().flags & FMT_FL_PEBS != 0 {
+        match &opts.pebs_pmu {
+            Some(pmu) => Some(pmu.clone()),
+            None => {
+                let _ = registry.release(format);
+                return Err(RecordError::NoPebsPmu {
+                    format: opts.format.clone(),
+                    detail: format!("{} source", source_name(info.source)),
+                });
+            }
+        }
+    } else {
+        None
+    };
+    // The argument's PMU fields are filled from the PMU, as hrperf-core does from CPUID.
+    let format_arg: Vec<u8> = pebs.as_ref().map(|p| p.arg().to_bytes().to_vec()).unwrap_or_default();
+
     let nr = info.events.len();
     let params = SessionParams {
         size: core::mem::size_of::<SessionParams>() as u32,
@@ -225,7 +291,7 @@ pub fn record<W: Write>(
             max_rate_per_sec: info.max_rates.get(i).copied().unwrap_or(0),
         })
         .collect();
-    let session = Session::new(format, &params, &[], &counters).map_err(engine(format!("format '{}' refused the session", opts.format)))?;
+    let session = Session::new(format, &params, &format_arg, &counters).map_err(engine(format!("format '{}' refused the session", opts.format)))?;
     let words = session.buffer_size().div_ceil(8) as usize;
 
     let mut slots: Vec<CpuSlot> = Vec::with_capacity(info.cpus.len());
@@ -233,9 +299,10 @@ pub fn record<W: Write>(
     for &cpu in &info.cpus {
         let mut mem = vec![0u64; words];
         let mut buf = Buffer::from_words(&mut mem).map_err(engine("allocating a buffer"))?;
-        let cs = session.init_cpu(cpu, &mut buf, &[]).map_err(engine(format!("initialising CPU {cpu}")))?;
+        let cs = session.init_cpu(cpu, &mut buf, &format_arg).map_err(engine(format!("initialising CPU {cpu}")))?;
         index[cpu as usize] = slots.len();
-        slots.push(CpuSlot { cpu, session: cs, words: mem });
+        let pebs = PebsCpuSummary { cpu, ..PebsCpuSummary::default() };
+        slots.push(CpuSlot { cpu, session: cs, words: mem, pebs });
     }
 
     let ops = format.ops();
@@ -257,7 +324,7 @@ pub fn record<W: Write>(
         command: opts.command.clone(),
         hostname: if opts.host_info { read_trimmed("/proc/sys/kernel/hostname") } else { String::new() },
         kernel_release: if opts.host_info { read_trimmed("/proc/sys/kernel/osrelease") } else { String::new() },
-        format_arg: Vec::new(),
+        format_arg: format_arg.clone(),
         sim_config: opts.sim_config.clone(),
     };
     let mut writer = Writer::with_name(out, name, &meta)?;
@@ -284,7 +351,21 @@ pub fn record<W: Write>(
     let mut stop_deadline = None;
     loop {
         batch.clear();
-        let progress = source.next(&mut batch, Duration::from_millis(100))?;
+        // PEBS: the PMU owns the DS areas while the source runs (see the module docs).
+        if let Some(pmu) = &pebs {
+            for slot in &mut slots {
+                pmu.lend(slot.cpu, std::mem::take(&mut slot.words));
+            }
+        }
+        let progress = source.next(&mut batch, Duration::from_millis(100));
+        if let Some(pmu) = &pebs {
+            for slot in &mut slots {
+                if let Some(w) = pmu.take(slot.cpu) {
+                    slot.words = w;
+                }
+            }
+        }
+        let progress = progress?;
         for s in &batch {
             let Some(&i) = index.get(s.cpu as usize).filter(|&&i| i != usize::MAX) else { continue };
             let slot = &mut slots[i];
@@ -307,7 +388,7 @@ pub fn record<W: Write>(
         if opts.wake_on_notify {
             for (i, n) in notified.iter_mut().enumerate() {
                 if std::mem::take(n) {
-                    drain(&mut slots[i], &mut writer, &mut chunk)?;
+                    drain(&mut slots[i], pebs.as_ref(), &mut writer, &mut chunk)?;
                 }
             }
         }
@@ -315,7 +396,7 @@ pub fn record<W: Write>(
         let timed_out = opts.duration_ns.is_some_and(|d| now_ns.saturating_sub(info.start_time_ns) >= d);
         if now_ns.saturating_sub(last_drain) >= drain_every || finished {
             for slot in &mut slots {
-                drain(slot, &mut writer, &mut chunk)?;
+                drain(slot, pebs.as_ref(), &mut writer, &mut chunk)?;
             }
             last_drain = now_ns;
             drains += 1;
@@ -359,10 +440,20 @@ pub fn record<W: Write>(
             let mut buf = Buffer::from_words(&mut slot.words).map_err(engine("buffer"))?;
             slot.session.stop(&mut buf).map_err(engine(format!("stopping CPU {cpu}")))?;
         }
-        drain(slot, &mut writer, &mut chunk)?;
+        drain(slot, pebs.as_ref(), &mut writer, &mut chunk)?;
         let mut buf = Buffer::from_words(&mut slot.words).map_err(engine("buffer"))?;
         let mut st = slot.session.stats(&buf);
         let lost = finish.lost.iter().filter(|(c, _)| *c == cpu).map(|(_, n)| n).sum::<u64>();
+        if let Some(pmu) = &pebs {
+            let mut p = slot.pebs;
+            p.header = hrperf_fmt_pebs::format::read_header(&buf).unwrap_or_default();
+            p.hw = pmu.counts(cpu);
+            // Records the PMU could not write (area full) and overflows while PEBS was
+            // masked are losses too: nothing is dropped silently.
+            st.drops += p.header.lost;
+            summary.masked += p.hw.masked;
+            summary.pebs.push(p);
+        }
         summary.drops += st.drops;
         summary.source_lost += lost;
         summary.masked += st.masked;
@@ -388,11 +479,31 @@ pub fn record<W: Write>(
     Ok(summary)
 }
 
-/// Moves every record in `slot`'s ring into one capture chunk.
-fn drain<W: Write>(slot: &mut CpuSlot, writer: &mut Writer<W>, chunk: &mut Vec<u8>) -> Result<(), RecordError> {
+/// Moves every record in `slot`'s ring into one capture chunk; for a PEBS format, reads
+/// the PMU's records in place into one chunk, then restarts the CPU and re-enables PEBS.
+fn drain<W: Write>(slot: &mut CpuSlot, pebs: Option<&PebsPmu>, writer: &mut Writer<W>, chunk: &mut Vec<u8>) -> Result<(), RecordError> {
     chunk.clear();
     let mut n = 0u64;
     let cpu = slot.cpu;
+    if let Some(pmu) = pebs {
+        let masked = slot.session.is_masked() || pmu.is_masked(cpu);
+        let mut buf = Buffer::from_words(&mut slot.words).map_err(engine("buffer"))?;
+        let st = hrperf_fmt_pebs::assist::drain(&buf, cpu, pmu.record_flags(), |rec| {
+            chunk.extend_from_slice(rec);
+            n += 1;
+        })
+        .map_err(|e| SourceError::Config(format!("reading CPU {cpu}'s PEBS records: {e:?}")))?;
+        if st.records == 0 && !masked {
+            return Ok(());
+        }
+        writer.write_chunk(cpu, chunk, n)?;
+        slot.pebs.records += st.records;
+        slot.pebs.drains += 1;
+        // The records are in the capture: recycle the area (pebs_index = base), unmask.
+        slot.session.restart(&mut buf).map_err(engine(format!("restarting CPU {cpu}")))?;
+        pmu.unmask(cpu);
+        return Ok(());
+    }
     let buf = slot.buffer()?;
     let reader = RingReader::new(&buf).map_err(engine(format!("reading CPU {cpu}'s ring")))?;
     reader
@@ -403,6 +514,15 @@ fn drain<W: Write>(slot: &mut CpuSlot, writer: &mut Writer<W>, chunk: &mut Vec<u
         .map_err(engine(format!("reading CPU {cpu}'s ring")))?;
     writer.write_chunk(cpu, chunk, n)?;
     Ok(())
+}
+
+fn source_name(source: u32) -> &'static str {
+    match source {
+        hrperf_abi::capture::SOURCE_SIM => "sim",
+        hrperf_abi::capture::SOURCE_PERF => "perf",
+        hrperf_abi::capture::SOURCE_KMOD => "kmod",
+        _ => "unknown",
+    }
 }
 
 fn wall_ns() -> u64 {

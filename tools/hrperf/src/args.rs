@@ -58,6 +58,33 @@ pub enum Command {
     /// session is destroyed.
     #[command(after_help = CTL_EXAMPLES)]
     Stop(CtlArgs),
+    /// Profile a capture: for PEBS, memory accesses by level, page size, cache line,
+    /// page and IP, and a latency histogram.
+    #[command(after_help = REPORT_EXAMPLES)]
+    Report(ReportArgs),
+}
+
+const REPORT_EXAMPLES: &str = "EXAMPLES:
+  hrperf record --source sim --format pebs -o pebs.data
+  hrperf report --format pebs -i pebs.data
+  hrperf report --format pebs -i pebs.data --top 20
+
+Page sizes (4K / 2M / 1G) are known where the capture says which address ranges are
+backed by which pages (captures of the simulated PMU do); elsewhere they show as unknown
+and pages are counted in 4 KiB granules.";
+
+/// `hrperf report`.
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// Capture file.
+    #[arg(short, long, default_value = "hrperf.data")]
+    pub input: PathBuf,
+    /// Report kind (the capture's format): pebs.
+    #[arg(long, value_name = "NAME", default_value = "pebs")]
+    pub format: String,
+    /// Rows in the hottest-lines, -pages and -IPs tables.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub top: usize,
 }
 
 const STATUS_EXAMPLES: &str = "EXAMPLES:
@@ -172,6 +199,8 @@ const RECORD_EXAMPLES: &str = "EXAMPLES:
   hrperf record --source kmod --instructed -e cpu-clock,page-faults -- ./app
   # the simulated PMU: 4 CPUs, 40-bit counters, reproducible for a seed:
   hrperf record --source sim -e cycles,instructions,llc-misses --sim-cpus 4 --counter-width 40 --seed 7 --duration 200ms
+  # zero-copy PEBS on the simulated PMU (adaptive records with memory info and GPRs):
+  hrperf record --source sim --format pebs -e loads -c 10000 --pebs-format adaptive --pebs-data-cfg meminfo+gpr
 
 The live line on stderr shows records written and drops; drops are never silent: they
 are counted per CPU in the capture and shown by `hrperf info` and `hrperf decode`.
@@ -271,6 +300,17 @@ pub struct RecordArgs {
     /// sim: workload model.
     #[arg(long, value_enum, default_value_t = WorkloadKind::Phases, help_heading = "Simulated PMU (--source sim)")]
     pub workload: WorkloadKind,
+    /// PEBS (--format pebs): record layout the simulated CPU writes: fmt0 (Core 2), fmt1
+    /// (Nehalem), fmt2 (Haswell), fmt3 (Skylake) or adaptive (Ice Lake+).
+    #[arg(long, value_name = "FMT", default_value = "adaptive", help_heading = "PEBS (--format pebs)")]
+    pub pebs_format: String,
+    /// PEBS: adaptive groups (MSR_PEBS_DATA_CFG), joined by '+': basic, meminfo, gpr,
+    /// xmm, lbr, lbr:N; or a hex value [default: basic+meminfo for adaptive].
+    #[arg(long, value_name = "GROUPS", help_heading = "PEBS (--format pebs)")]
+    pub pebs_data_cfg: Option<String>,
+    /// PEBS: load-latency threshold in core cycles (MSR_PEBS_LD_LAT_THRESHOLD).
+    #[arg(long, value_name = "CYCLES", default_value_t = 3, help_heading = "PEBS (--format pebs)")]
+    pub pebs_ld_lat: u32,
     /// The command to record, after `--`.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,

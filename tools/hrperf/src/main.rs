@@ -6,6 +6,7 @@ mod args;
 mod decode;
 mod kmod;
 mod record;
+mod report;
 
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -41,6 +42,7 @@ fn main() -> ExitCode {
         Command::Log(a) => kmod::run_ctl(a, kmod::Ctl::Log),
         Command::PollLog(a) => kmod::run_ctl(a, kmod::Ctl::PollLog),
         Command::Stop(a) => kmod::run_ctl(a, kmod::Ctl::Stop),
+        Command::Report(a) => report::run(a),
     };
     match result {
         Ok(code) => code,

@@ -6,8 +6,9 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use hrperf::record::{record_to_file, Live, RecordOptions, RecordSummary};
+use hrperf::record::{format_needs_pebs, record_to_file, Live, RecordOptions, RecordSummary};
 use hrperf::source::perf::{self, PerfConfig, PerfSource, Sampling};
+use hrperf::source::sim::pebs::{parse_data_cfg, parse_layout, PebsConfig};
 use hrperf::source::sim::{self, SimConfig, SimSource, Workload};
 use hrperf::source::Source;
 use hrperf_abi::format::{MODE_OVERFLOW, MODE_POLL};
@@ -17,6 +18,8 @@ use crate::{CliError, CliResult};
 
 /// Default poll interval when no mode is given.
 const DEFAULT_POLL_US: u64 = 1000;
+/// Default sampling period of the PEBS counter (sim source, `--format pebs`).
+const DEFAULT_PEBS_PERIOD: u64 = 10_000;
 /// Set by SIGINT/SIGTERM: finish the capture cleanly instead of dying.
 pub(crate) static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -51,7 +54,15 @@ pub fn run(a: RecordArgs) -> CliResult {
         command: a.command.clone(),
         host_info: true,
         sim_config: String::new(),
+        pebs_pmu: None,
     };
+    let pebs = format_needs_pebs(&a.format);
+    if pebs && source_kind == SourceKind::Perf {
+        return Err(CliError(format!(
+            "format '{}' needs a PEBS-capable PMU, which the perf source does not provide (this machine has no hardware PMU, and mapping perf precise_ip samples to PEBS records is not implemented yet); use --source sim for the simulated PEBS PMU",
+            a.format
+        )));
+    }
 
     if a.instructed && source_kind != SourceKind::Kmod {
         return Err(CliError(
@@ -64,7 +75,9 @@ pub fn run(a: RecordArgs) -> CliResult {
             opts.sim_config = cfg.describe();
             opts.host_info = false; // a sim capture is reproducible byte for byte
             opts.duration_ns = None; // the simulator stops at its own virtual duration
-            Box::new(SimSource::new(cfg)?)
+            let src = SimSource::new(cfg)?;
+            opts.pebs_pmu = src.pebs_pmu();
+            Box::new(src)
         }
         SourceKind::Perf => {
             let events = perf::parse_events(a.events.as_deref().unwrap_or("cpu-clock,task-clock,page-faults"))?;
@@ -133,7 +146,9 @@ fn sim_config(a: &RecordArgs, duration_ns: Option<u64>) -> Result<SimConfig, Cli
     if a.all_cpus || a.cpus.is_some() {
         return Err(CliError("the sim source simulates --sim-cpus CPUs; -a and -C do not apply".into()));
     }
-    let events = sim::parse_events(a.events.as_deref().unwrap_or("cycles,instructions,llc-misses"))?;
+    let pebs = format_needs_pebs(&a.format);
+    let default_events = if pebs { "loads" } else { "cycles,instructions,llc-misses" };
+    let events = sim::parse_events(a.events.as_deref().unwrap_or(default_events))?;
     let mut cfg = SimConfig::new(events);
     cfg.seed = a.seed;
     cfg.cpus = a.sim_cpus;
@@ -145,6 +160,23 @@ fn sim_config(a: &RecordArgs, duration_ns: Option<u64>) -> Result<SimConfig, Cli
     cfg.duration_ns = duration_ns.unwrap_or(100_000_000);
     if a.freq.is_some() {
         return Err(CliError("the sim source samples by period: use -c PERIOD instead of -F".into()));
+    }
+    if pebs {
+        let layout = parse_layout(&a.pebs_format)?;
+        let data_cfg = match (&a.pebs_data_cfg, layout) {
+            (Some(g), _) => parse_data_cfg(g)?,
+            (None, hrperf_fmt_pebs::Layout::Adaptive) => hrperf_fmt_pebs::layout::DATACFG_MEMINFO,
+            (None, _) => 0,
+        };
+        let p = PebsConfig { layout, data_cfg, ld_lat_threshold: a.pebs_ld_lat, ..PebsConfig::new() };
+        p.check()?;
+        cfg.pebs = Some(p);
+        if a.poll_us.is_some() {
+            return Err(CliError("PEBS samples on counter overflow: use -c PERIOD, not --poll-us".into()));
+        }
+        cfg.mode = MODE_OVERFLOW;
+        cfg.period = a.period.unwrap_or(DEFAULT_PEBS_PERIOD);
+        return Ok(cfg);
     }
     match (a.period, a.poll_us) {
         (Some(p), _) => {
@@ -170,6 +202,16 @@ pub(crate) fn print_summary(path: &Path, s: &RecordSummary) {
         s.elapsed_ns as f64 / 1e9,
         human_bytes(s.bytes)
     );
+    if !s.pebs.is_empty() {
+        let sum = |f: fn(&hrperf::record::PebsCpuSummary) -> u64| s.pebs.iter().map(f).sum::<u64>();
+        eprintln!(
+            "[hrperf] PEBS: {} records read in place, {} threshold interrupts, {} restarts, {} records copied by the handler",
+            sum(|p| p.records),
+            sum(|p| p.header.threshold_hits),
+            sum(|p| p.header.restarts),
+            sum(|p| p.header.records_copied)
+        );
+    }
     if s.drops > 0 {
         eprintln!(
             "[hrperf] WARNING: {} records dropped because a CPU buffer was full (marked by LOST records); enlarge it with --buffer-size",

@@ -37,6 +37,9 @@ step "module pinning"
 if rmmod hrperf_core 2>/dev/null; then echo "FAIL: rmmod hrperf_core with fmt_delta loaded"; exit 1; fi
 echo "ok: rmmod hrperf_core refused while fmt_delta is loaded"
 $T busy-format
+rmmod fmt_delta
+$T busy-core
+insmod /fmt-delta.ko
 
 step "ioctl abuse"
 $T abuse 20

@@ -10,6 +10,8 @@
  *   hrperf_test instructed [n]        POLL/LOG pairs
  *   hrperf_test mmap                  read-only mapping rules
  *   hrperf_test busy-format           rmmod fmt_delta refused while a session is open
+ *   hrperf_test busy-core             rmmod hrperf_core refused while /dev/hrperf is open
+ *                                     (run with fmt_delta unloaded, so only the file pins it)
  *   hrperf_test abuse [rounds]        every command with bad arguments; then a session
  *   hrperf_test quick                 one short instructed session (for load cycles)
  *
@@ -585,6 +587,19 @@ static void test_busy_format(void)
 	session_close(&s);
 }
 
+/* With no format module loaded, only the open file can pin the core. */
+static void test_busy_core(void)
+{
+	int fd = dev_open();
+	int r = syscall(SYS_delete_module, "hrperf_core", O_NONBLOCK);
+
+	CHECK(r == -1 && (errno == EBUSY || errno == EWOULDBLOCK),
+	      "rmmod hrperf_core with /dev/hrperf open");
+	printf("ok: rmmod hrperf_core refused while /dev/hrperf is open (errno %d %s)\n", errno,
+	       strerror(errno));
+	close(fd);
+}
+
 /* ---- abuse ---- */
 
 static int allowed_errno(int e)
@@ -758,11 +773,13 @@ int main(int argc, char **argv)
 		test_mmap();
 	else if (!strcmp(what, "busy-format"))
 		test_busy_format();
+	else if (!strcmp(what, "busy-core"))
+		test_busy_core();
 	else if (!strcmp(what, "abuse"))
 		abuse(a1 ? a1 : 10);
 	else if (!strcmp(what, "quick"))
 		quick();
 	else
-		fail("usage: hrperf_test info|overflow|poll|instructed|mmap|busy-format|abuse|quick");
+		fail("usage: hrperf_test info|overflow|poll|instructed|mmap|busy-format|busy-core|abuse|quick");
 	return 0;
 }

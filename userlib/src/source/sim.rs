@@ -10,8 +10,16 @@
 //! every CPU reads all its counters each interval, each CPU at its own time (the
 //! poller's deadline plus a modelled cross-CPU-call latency).
 //!
+//! With [`SimConfig::pebs`] the CPUs also have PEBS ([`pebs`]): each overflow of the
+//! leader (PMC0) is a PEBS assist that writes a record into the CPU's DS-managed buffer
+//! and reloads the counter from the DS area, and only the buffer's threshold interrupt
+//! is delivered as a sample (large PEBS); `CTRL_MASK` disables PEBS on that CPU until
+//! the reader restarts it.
+//!
 //! Everything is integer arithmetic on a seeded splitmix64 generator: the same
 //! configuration gives the same samples, bit for bit, on any machine.
+
+pub mod pebs;
 
 use std::time::Duration;
 
@@ -21,6 +29,7 @@ use hrperf_abi::format::{CTRL_MASK, CTRL_RESET, MODE_OVERFLOW, MODE_POLL, SAMPLE
 use hrperf_abi::{EventDesc, MAX_COUNTERS};
 
 use super::{EventSpec, Finish, Progress, RawSample, Source, SourceError, SourceInfo};
+use pebs::{PebsConfig, PebsPmu};
 
 /// The simulated events: name, number, and whether it lives on a fixed counter.
 const EVENTS: [(&str, SimEvent); 9] = [
@@ -166,6 +175,9 @@ pub struct SimConfig {
     /// Real counters start wherever the last user left them; a value just below 2^width
     /// makes the first wraps come within milliseconds.
     pub counter_start: u64,
+    /// PEBS on the leader counter (overflow mode only): `None` for plain overflow
+    /// interrupts.
+    pub pebs: Option<PebsConfig>,
 }
 
 impl SimConfig {
@@ -183,15 +195,29 @@ impl SimConfig {
             poll_interval_ns: 100_000,
             workload: Workload::Phases,
             counter_start: 0,
+            pebs: None,
         }
     }
 
     /// The configuration as `key=value` lines (stored in the capture file).
     pub fn describe(&self) -> String {
-        format!(
+        let mut s = format!(
             "seed={}\ncpus={}\nduration_ns={}\ntick_ns={}\nwidth={}\nworkload={:?}\ncounter_start={:#x}\ncore_mhz={}\n",
             self.seed, self.cpus, self.duration_ns, self.tick_ns, self.width, self.workload, self.counter_start, CORE_MHZ
-        )
+        );
+        if let Some(p) = &self.pebs {
+            s.push_str(&format!(
+                "pebs_layout={:?}\npebs_format={:#x}\npebs_data_cfg={:#x}\npebs_ld_lat={}\n",
+                p.layout,
+                p.pebs_format().0,
+                p.data_cfg,
+                p.ld_lat_threshold
+            ));
+            for r in pebs::REGIONS {
+                s.push_str(&format!("region={},{:#x},{:#x},{:#x}\n", r.name, r.base, r.size, r.page_size));
+            }
+        }
+        s
     }
 
     fn check(&self) -> Result<(), SourceError> {
@@ -247,6 +273,12 @@ impl SimConfig {
                 }
             }
             m => return err(format!("the sim source does not support mode {m}")),
+        }
+        if let Some(p) = &self.pebs {
+            if self.mode != MODE_OVERFLOW {
+                return err("PEBS samples on counter overflow: give a sampling period (-c PERIOD)".into());
+            }
+            p.check().map_err(SourceError::Config)?;
         }
         Ok(())
     }
@@ -350,6 +382,7 @@ pub struct SimSource {
     next_poll_ns: u64,
     started: bool,
     interrupts: u64,
+    pebs: Option<PebsPmu>,
 }
 
 impl SimSource {
@@ -400,7 +433,8 @@ impl SimSource {
             cpu_model: format!("hrperf simulated PMU ({} fixed + {} general counters, {}-bit, {} MHz)", FIXED_COUNTERS, GP_COUNTERS, cfg.width, CORE_MHZ),
             start_time_ns: 0,
         };
-        Ok(SimSource { next_poll_ns: cfg.poll_interval_ns, cfg, info, cpus, now_ns: 0, started: false, interrupts: 0 })
+        let pebs = cfg.pebs.map(|p| PebsPmu::new(p, cfg.cpus, cfg.width));
+        Ok(SimSource { next_poll_ns: cfg.poll_interval_ns, cfg, info, cpus, now_ns: 0, started: false, interrupts: 0, pebs })
     }
 
     /// Ground truth: every event each CPU counted so far, 64-bit, in event order.
@@ -408,7 +442,13 @@ impl SimSource {
         self.cpus.get(cpu as usize).map(|c| &c.truth[..self.cfg.events.len()])
     }
 
-    /// Overflow interrupts raised so far.
+    /// The simulated PEBS hardware (with [`SimConfig::pebs`]): hand it to the recorder
+    /// in `RecordOptions::pebs_pmu`.
+    pub fn pebs_pmu(&self) -> Option<PebsPmu> {
+        self.pebs.clone()
+    }
+
+    /// Overflow interrupts raised so far (threshold PMIs with PEBS).
     pub fn interrupts(&self) -> u64 {
         self.interrupts
     }
@@ -463,7 +503,41 @@ impl SimSource {
                     c.raw = next & mask;
                 }
             }
-            if self.cfg.mode == MODE_OVERFLOW && cpu.counters[0].overflowed && !cpu.masked && !cpu.pending_reset {
+            if let (Some(pmu), true) = (&self.pebs, cpu.counters[0].overflowed) {
+                // The PEBS assist: a record per overflow, the counter reloaded from the DS
+                // area, and an interrupt only at the buffer's threshold.
+                cpu.counters[0].overflowed = false;
+                let ip = phase.ip_base + (cpu.rng.below(phase.ip_span) & !3);
+                let prof = if workload == Workload::Steady { pebs::STEADY_PROFILE } else { pebs::PROFILES[cpu.phase] };
+                let sample = pebs::make_sample(&mut cpu.rng, &prof, ip, phase.kernel, self.now_ns, pmu.ld_lat(), pmu.tlb_bits());
+                let outcome = pmu.assist(cpu.cpu, self.now_ns, &sample);
+                // Without an assist (masked, no buffer) the counter re-arms as the kernel
+                // would program it: −period.
+                let reload = outcome.map_or(arm_value(width, self.cfg.period), |o| o.reload);
+                cpu.counters[0].raw = reload & mask;
+                if outcome.is_some_and(|o| o.pmi) {
+                    self.interrupts += 1;
+                    raised = true;
+                    let mut raw = raw_values(&cpu.counters);
+                    // The PEBS counter as the kernel reports it for large PEBS: the
+                    // free-running count (reloads × period + progress), so the engine's
+                    // 64-bit value is the true count.
+                    raw[0] = arm_value(width, self.cfg.period).wrapping_add(cpu.truth[0]) & mask;
+                    out.push(RawSample {
+                        cpu: cpu.cpu,
+                        kind: SAMPLE_OVERFLOW,
+                        pid: 1000,
+                        tid: 1000 + cpu.cpu * 4 + cpu.thread,
+                        time_ns: self.now_ns,
+                        ip,
+                        kernel_ip: phase.kernel,
+                        addr: sample.data_addr,
+                        ovfl_counter: 0,
+                        nr: nr as u32,
+                        raw,
+                    });
+                }
+            } else if self.cfg.mode == MODE_OVERFLOW && cpu.counters[0].overflowed && !cpu.masked && !cpu.pending_reset {
                 cpu.counters[0].overflowed = false;
                 cpu.pending_reset = true;
                 self.interrupts += 1;
@@ -608,7 +682,11 @@ impl Source for SimSource {
             c.written = Some((0, c.counters[0].raw));
         }
         if ctrl & CTRL_MASK != 0 {
-            c.masked = true;
+            match &self.pebs {
+                // The mask disables PEBS; the reader's restart re-enables it.
+                Some(pmu) => pmu.mask(cpu),
+                None => c.masked = true,
+            }
         }
     }
 
@@ -644,8 +722,7 @@ impl SimSource {
         loop {
             let from = all.len();
             let progress = self.next(&mut all, Duration::ZERO)?;
-            for i in from..all.len() {
-                let s = all[i];
+            for s in &all[from..] {
                 if s.kind == SAMPLE_OVERFLOW {
                     self.control(s.cpu, CTRL_RESET);
                 }

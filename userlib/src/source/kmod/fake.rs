@@ -206,10 +206,13 @@ fn errno(e: i32) -> io::Error {
 }
 
 impl FakeKmod {
-    /// A loaded module (default mode overflow, `poll_us` 1000) with the built-in
-    /// formats registered and `cpus` online CPUs.
+    /// A loaded module (default mode overflow, `poll_us` 1000) with the formats whose
+    /// kernel modules exist registered (fmt-delta.ko; fmt-pebs.ko is not written yet)
+    /// and `cpus` online CPUs.
     pub fn new(cpus: u32) -> FakeKmod {
-        let registry = crate::record::builtin_registry();
+        let mut registry = hrperf_engine::Registry::new();
+        // A static, valid table: cannot fail (the record module's tests register it too).
+        let _ = registry.register_static(&hrperf_fmt_delta::DELTA_OPS);
         FakeKmod {
             state: Mutex::new(State {
                 device: PathBuf::from(super::DEFAULT_DEVICE),
