@@ -6,6 +6,7 @@
 //! - [`plugin`]: the decoder-plugin host (libloading).
 //! - [`pebs_report`]: the memory-access profile of a PEBS capture.
 
+pub mod agg_report;
 pub mod capture;
 pub mod decode;
 pub mod pebs_report;

@@ -19,6 +19,17 @@
 //! drain reads the records in place (`hrperf_fmt_pebs::assist::drain` wraps each into a
 //! capture record), then `CpuSession::restart` resets the DS index and the PMU's PEBS
 //! is re-enabled. The format argument's PMU fields come from the PMU, never the user.
+//!
+//! The aggregating format (`aggregate`, double-buffered hash tables) is not a ring
+//! either: a drain reads each published interval in place
+//! (`hrperf_fmt_aggregate::consumer::AggView::pending`), writes it as capture records
+//! (`Interval::emit_records`) and acknowledges it, on the handler's NOTIFY/SWITCH and on
+//! every periodic drain. Every [`RecordOptions::switch_interval_ns`] of source time the
+//! recorder closes the active interval of every CPU (drain → `CpuSession::restart`, which
+//! switches → drain), and at the end it does the same after stopping, so every
+//! dispatched sample is in exactly one interval of the capture. Userspace sources have
+//! no stack service: `KEY_STACK` sessions record stack ids `STACK_ID_NONE` (0) and the
+//! intervals carry `IV_FL_NO_*STACK_SERVICE`.
 
 use std::io::Write;
 use std::path::Path;
@@ -31,6 +42,8 @@ use hrperf_abi::ioctl::CpuStats;
 use hrperf_abi::{FormatOps, Services};
 use hrperf_engine::{Buffer, CounterConfig, CpuSession, EngineError, Format, Registry, RingReader, Selector, Session};
 
+use hrperf_fmt_aggregate::consumer::{Access, AggView};
+use hrperf_fmt_aggregate::record::IV_FL_INCONSISTENT;
 use hrperf_fmt_pebs::format::PebsHeader;
 
 use crate::capture::{CaptureError, CaptureMeta, Writer};
@@ -38,7 +51,11 @@ use crate::source::sim::pebs::{PebsCpuCounts, PebsPmu};
 use crate::source::{Source, SourceError};
 
 /// The formats built into the userspace engine (the kernel gets them from fmt-*.ko).
-pub static BUILTIN_FORMATS: &[&FormatOps] = &[&hrperf_fmt_delta::DELTA_OPS, &hrperf_fmt_pebs::PEBS_OPS];
+pub static BUILTIN_FORMATS: &[&FormatOps] =
+    &[&hrperf_fmt_delta::DELTA_OPS, &hrperf_fmt_pebs::PEBS_OPS, &hrperf_fmt_aggregate::AGGREGATE_OPS];
+
+/// Default [`RecordOptions::switch_interval_ns`]: 100 ms.
+pub const DEFAULT_SWITCH_INTERVAL_NS: u64 = 100_000_000;
 
 /// Whether the built-in format `name` is a zero-copy PEBS format (needs a PEBS-capable
 /// PMU: [`RecordOptions::pebs_pmu`]).
@@ -81,6 +98,12 @@ pub struct RecordOptions {
     /// format (the sim source's [`SimSource::pebs_pmu`](crate::source::sim::SimSource::pebs_pmu)).
     /// Without one such formats are refused: no PEBS-capable PMU.
     pub pebs_pmu: Option<PebsPmu>,
+    /// The format argument (e.g. `AggregateArg::to_bytes()`); empty for the format's
+    /// defaults. Ignored for PEBS formats, whose argument comes from the PMU.
+    pub format_arg: Vec<u8>,
+    /// Aggregating format: close every CPU's interval this often, in source time
+    /// (drain, restart, drain); 0 for [`DEFAULT_SWITCH_INTERVAL_NS`].
+    pub switch_interval_ns: u64,
 }
 
 impl Default for RecordOptions {
@@ -95,6 +118,8 @@ impl Default for RecordOptions {
             host_info: true,
             sim_config: String::new(),
             pebs_pmu: None,
+            format_arg: Vec::new(),
+            switch_interval_ns: 0,
         }
     }
 }
@@ -139,6 +164,32 @@ pub struct RecordSummary {
     pub elapsed_ns: u64,
     /// Per-CPU accounting of a zero-copy PEBS recording (empty otherwise).
     pub pebs: Vec<PebsCpuSummary>,
+    /// Per-CPU accounting of an aggregating-format recording (empty otherwise).
+    pub aggregate: Vec<AggCpuSummary>,
+}
+
+/// How one CPU's aggregated intervals were accounted for (sums over the intervals
+/// drained into the capture).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AggCpuSummary {
+    /// CPU.
+    pub cpu: u32,
+    /// Intervals drained.
+    pub intervals: u64,
+    /// Samples counted in them (Σ interval `samples`).
+    pub samples: u64,
+    /// Entry records written (one per key per interval).
+    pub entries: u64,
+    /// Samples in the "other" buckets.
+    pub other_count: u64,
+    /// Samples that found no slot.
+    pub misses: u64,
+    /// Intervals whose table was inconsistent when read (`IV_FL_INCONSISTENT`).
+    pub inconsistent: u64,
+    /// Switches the handler postponed because the reader was behind.
+    pub switch_waits: u64,
+    /// Samples dispatched to the format on this CPU (`BufferHeader::overflows`).
+    pub dispatched: u64,
 }
 
 /// How one CPU's PEBS records were accounted for.
@@ -204,6 +255,8 @@ struct CpuSlot {
     words: Vec<u64>,
     /// PEBS accounting (zero-copy formats).
     pebs: PebsCpuSummary,
+    /// Aggregate accounting (the aggregating format).
+    agg: AggCpuSummary,
 }
 
 impl CpuSlot {
@@ -271,7 +324,16 @@ pub fn record<W: Write>(
         None
     };
     // The argument's PMU fields are filled from the PMU, as hrperf-core does from CPUID.
-    let format_arg: Vec<u8> = pebs.as_ref().map(|p| p.arg().to_bytes().to_vec()).unwrap_or_default();
+    let format_arg: Vec<u8> = match &pebs {
+        Some(p) => p.arg().to_bytes().to_vec(),
+        None => opts.format_arg.clone(),
+    };
+    let aggregate = format.ops().uuid == hrperf_fmt_aggregate::AGGREGATE_UUID;
+    let kind = match (&pebs, aggregate) {
+        (Some(p), _) => BufKind::Pebs(p),
+        (None, true) => BufKind::Aggregate,
+        (None, false) => BufKind::Ring,
+    };
 
     let nr = info.events.len();
     let params = SessionParams {
@@ -302,7 +364,8 @@ pub fn record<W: Write>(
         let cs = session.init_cpu(cpu, &mut buf, &format_arg).map_err(engine(format!("initialising CPU {cpu}")))?;
         index[cpu as usize] = slots.len();
         let pebs = PebsCpuSummary { cpu, ..PebsCpuSummary::default() };
-        slots.push(CpuSlot { cpu, session: cs, words: mem, pebs });
+        let agg = AggCpuSummary { cpu, ..AggCpuSummary::default() };
+        slots.push(CpuSlot { cpu, session: cs, words: mem, pebs, agg });
     }
 
     let ops = format.ops();
@@ -338,6 +401,8 @@ pub fn record<W: Write>(
     }
 
     let drain_every = if opts.drain_interval_ns == 0 { 10_000_000 } else { opts.drain_interval_ns };
+    let switch_every = if opts.switch_interval_ns == 0 { DEFAULT_SWITCH_INTERVAL_NS } else { opts.switch_interval_ns };
+    let mut last_switch = info.start_time_ns;
     let mut chunk = Vec::with_capacity(64 << 10);
     let mut batch = Vec::with_capacity(4096);
     let mut notified = vec![false; slots.len()];
@@ -388,7 +453,7 @@ pub fn record<W: Write>(
         if opts.wake_on_notify {
             for (i, n) in notified.iter_mut().enumerate() {
                 if std::mem::take(n) {
-                    drain(&mut slots[i], pebs.as_ref(), &mut writer, &mut chunk)?;
+                    drain(&mut slots[i], kind, &mut writer, &mut chunk)?;
                 }
             }
         }
@@ -396,7 +461,7 @@ pub fn record<W: Write>(
         let timed_out = opts.duration_ns.is_some_and(|d| now_ns.saturating_sub(info.start_time_ns) >= d);
         if now_ns.saturating_sub(last_drain) >= drain_every || finished {
             for slot in &mut slots {
-                drain(slot, pebs.as_ref(), &mut writer, &mut chunk)?;
+                drain(slot, kind, &mut writer, &mut chunk)?;
             }
             last_drain = now_ns;
             drains += 1;
@@ -406,6 +471,14 @@ pub fn record<W: Write>(
                 writer.write_stats(&stats)?;
                 writer.flush()?;
             }
+        }
+        if aggregate && now_ns.saturating_sub(last_switch) >= switch_every && !finished {
+            // Close every CPU's interval: the capture gets one interval per CPU per
+            // switch period (a CPU without samples gets an empty one).
+            for slot in &mut slots {
+                close_interval(slot, &mut writer, &mut chunk)?;
+            }
+            last_switch = now_ns;
         }
         if last_live.elapsed() >= Duration::from_millis(200) {
             last_live = Instant::now();
@@ -440,9 +513,19 @@ pub fn record<W: Write>(
             let mut buf = Buffer::from_words(&mut slot.words).map_err(engine("buffer"))?;
             slot.session.stop(&mut buf).map_err(engine(format!("stopping CPU {cpu}")))?;
         }
-        drain(slot, pebs.as_ref(), &mut writer, &mut chunk)?;
+        if aggregate {
+            // The active interval too: every dispatched sample ends in the capture.
+            close_interval(slot, &mut writer, &mut chunk)?;
+        } else {
+            drain(slot, kind, &mut writer, &mut chunk)?;
+        }
         let mut buf = Buffer::from_words(&mut slot.words).map_err(engine("buffer"))?;
         let mut st = slot.session.stats(&buf);
+        if aggregate {
+            let mut a = slot.agg;
+            a.dispatched = st.overflows;
+            summary.aggregate.push(a);
+        }
         let lost = finish.lost.iter().filter(|(c, _)| *c == cpu).map(|(_, n)| n).sum::<u64>();
         if let Some(pmu) = &pebs {
             let mut p = slot.pebs;
@@ -479,9 +562,75 @@ pub fn record<W: Write>(
     Ok(summary)
 }
 
+/// How a format's buffer is read.
+#[derive(Clone, Copy)]
+enum BufKind<'p> {
+    /// The engine's record ring.
+    Ring,
+    /// Zero-copy PEBS records written by this PMU.
+    Pebs(&'p PebsPmu),
+    /// The aggregating format's double-buffered tables.
+    Aggregate,
+}
+
+/// Aggregating format: drains the published interval, switches (restart), and drains
+/// the interval that closed, so everything counted so far is in the capture.
+fn close_interval<W: Write>(slot: &mut CpuSlot, writer: &mut Writer<W>, chunk: &mut Vec<u8>) -> Result<(), RecordError> {
+    drain(slot, BufKind::Aggregate, writer, chunk)?;
+    let cpu = slot.cpu;
+    let mut buf = Buffer::from_words(&mut slot.words).map_err(engine("buffer"))?;
+    // Cannot be EBUSY: the drain above acknowledged the published interval.
+    slot.session.restart(&mut buf).map_err(engine(format!("switching CPU {cpu}'s aggregate tables")))?;
+    drain(slot, BufKind::Aggregate, writer, chunk)
+}
+
+/// Reads every published interval of `slot`'s aggregate tables in place into one
+/// capture chunk and acknowledges it (the producer may then reuse its table).
+fn drain_aggregate<W: Write>(slot: &mut CpuSlot, writer: &mut Writer<W>, chunk: &mut Vec<u8>) -> Result<(), RecordError> {
+    chunk.clear();
+    let mut n = 0u64;
+    let cpu = slot.cpu;
+    let len = slot.words.len() * 8;
+    let bad = |e: hrperf_fmt_aggregate::consumer::ViewError| {
+        RecordError::Source(SourceError::Config(format!("reading CPU {cpu}'s aggregate tables: {e}")))
+    };
+    let Some(ptr) = core::ptr::NonNull::new(slot.words.as_mut_ptr().cast::<u8>()) else {
+        return Ok(());
+    };
+    // SAFETY: `slot.words` is this CPU's buffer, `len` bytes, 8-aligned, and is neither
+    // moved nor otherwise accessed while `view` lives (this function); the producer
+    // (dispatch/restart) runs on this thread only, so nothing writes it concurrently.
+    let view = unsafe { AggView::from_raw(ptr, len, Access::ReadWrite) }.map_err(bad)?;
+    let a = &mut slot.agg;
+    while let Some(iv) = view.pending() {
+        let s = iv.emit_records(|rec| {
+            chunk.extend_from_slice(rec);
+            n += 1;
+        });
+        a.intervals += 1;
+        a.samples += s.samples;
+        a.entries += s.entries;
+        a.other_count += s.other_count;
+        a.misses += s.misses;
+        a.inconsistent += u64::from(s.flags & IV_FL_INCONSISTENT != 0);
+        view.ack(iv).map_err(bad)?;
+    }
+    a.switch_waits = view.switch_waits();
+    if n > 0 {
+        writer.write_chunk(cpu, chunk, n)?;
+    }
+    Ok(())
+}
+
 /// Moves every record in `slot`'s ring into one capture chunk; for a PEBS format, reads
-/// the PMU's records in place into one chunk, then restarts the CPU and re-enables PEBS.
-fn drain<W: Write>(slot: &mut CpuSlot, pebs: Option<&PebsPmu>, writer: &mut Writer<W>, chunk: &mut Vec<u8>) -> Result<(), RecordError> {
+/// the PMU's records in place into one chunk, then restarts the CPU and re-enables PEBS;
+/// for the aggregating format, drains the published interval ([`drain_aggregate`]).
+fn drain<W: Write>(slot: &mut CpuSlot, kind: BufKind<'_>, writer: &mut Writer<W>, chunk: &mut Vec<u8>) -> Result<(), RecordError> {
+    let pebs = match kind {
+        BufKind::Ring => None,
+        BufKind::Pebs(p) => Some(p),
+        BufKind::Aggregate => return drain_aggregate(slot, writer, chunk),
+    };
     chunk.clear();
     let mut n = 0u64;
     let cpu = slot.cpu;

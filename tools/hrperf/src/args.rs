@@ -59,7 +59,8 @@ pub enum Command {
     #[command(after_help = CTL_EXAMPLES)]
     Stop(CtlArgs),
     /// Profile a capture: for PEBS, memory accesses by level, page size, cache line,
-    /// page and IP, and a latency histogram.
+    /// page and IP, and a latency histogram; for aggregate, the top keys by count or
+    /// counter sum and a per-interval time series.
     #[command(after_help = REPORT_EXAMPLES)]
     Report(ReportArgs),
 }
@@ -68,6 +69,10 @@ const REPORT_EXAMPLES: &str = "EXAMPLES:
   hrperf record --source sim --format pebs -o pebs.data
   hrperf report --format pebs -i pebs.data
   hrperf report --format pebs -i pebs.data --top 20
+  hrperf record --source sim --format aggregate -c 5000 --agg-interval-ms 10 -o agg.data
+  hrperf report -i agg.data                          # the capture's format: aggregate
+  hrperf report --format aggregate -i agg.data --top 20 --by sum
+  hrperf report --format aggregate -i agg.data --time-series
 
 Page sizes (4K / 2M / 1G) are known where the capture says which address ranges are
 backed by which pages (captures of the simulated PMU do); elsewhere they show as unknown
@@ -79,12 +84,28 @@ pub struct ReportArgs {
     /// Capture file.
     #[arg(short, long, default_value = "hrperf.data")]
     pub input: PathBuf,
-    /// Report kind (the capture's format): pebs.
-    #[arg(long, value_name = "NAME", default_value = "pebs")]
-    pub format: String,
-    /// Rows in the hottest-lines, -pages and -IPs tables.
+    /// Report kind: pebs or aggregate [default: the capture's format].
+    #[arg(long, value_name = "NAME")]
+    pub format: Option<String>,
+    /// Rows in the top tables (pebs: hottest lines, pages and IPs; aggregate: top keys).
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub top: usize,
+    /// Aggregate: rank the top keys by samples (count) or by the counter's sum.
+    #[arg(long, value_enum, value_name = "RANK")]
+    pub by: Option<ReportBy>,
+    /// Aggregate: also print one row per interval per CPU: start, end, samples, distinct
+    /// keys, other, misses, counter sum.
+    #[arg(long)]
+    pub time_series: bool,
+}
+
+/// Ranking of `hrperf report --format aggregate`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ReportBy {
+    /// Samples per key.
+    Count,
+    /// Counter sum per key.
+    Sum,
 }
 
 const STATUS_EXAMPLES: &str = "EXAMPLES:
@@ -201,6 +222,10 @@ const RECORD_EXAMPLES: &str = "EXAMPLES:
   hrperf record --source sim -e cycles,instructions,llc-misses --sim-cpus 4 --counter-width 40 --seed 7 --duration 200ms
   # zero-copy PEBS on the simulated PMU (adaptive records with memory info and GPRs):
   hrperf record --source sim --format pebs -e loads -c 10000 --pebs-format adaptive --pebs-data-cfg meminfo+gpr
+  # in-buffer aggregation (double-buffered hash tables), 10 ms intervals, by (pid, IP):
+  hrperf record --source sim --format aggregate -c 5000 --agg-key pid-ip --agg-interval-ms 10
+  hrperf record --format aggregate -e cpu-clock -c 100000 --agg-slots 1024 -- ./app
+  hrperf report --format aggregate --top 20 --by sum --time-series
 
 The live line on stderr shows records written and drops; drops are never silent: they
 are counted per CPU in the capture and shown by `hrperf info` and `hrperf decode`.
@@ -311,9 +336,33 @@ pub struct RecordArgs {
     /// PEBS: load-latency threshold in core cycles (MSR_PEBS_LD_LAT_THRESHOLD).
     #[arg(long, value_name = "CYCLES", default_value_t = 3, help_heading = "PEBS (--format pebs)")]
     pub pebs_ld_lat: u32,
+    /// Aggregate: the key samples are counted under: ip, pid-ip, or stack (pid, kernel
+    /// and user stack ids; the sim and perf sources have no stack service yet, so their
+    /// stack ids are 0) [default: ip].
+    #[arg(long, value_enum, value_name = "KEY", help_heading = "Aggregate (--format aggregate)")]
+    pub agg_key: Option<AggKey>,
+    /// Aggregate: hash-table slots per interval, a power of two in 16..=1048576; keys
+    /// that find no slot are counted in the interval's "other" bucket [default: 4096].
+    #[arg(long, value_name = "N", help_heading = "Aggregate (--format aggregate)")]
+    pub agg_slots: Option<u32>,
+    /// Aggregate: close an interval on every CPU each N ms of source time (the tables
+    /// also switch on their own when 75% full) [default: 100].
+    #[arg(long, value_name = "MS", help_heading = "Aggregate (--format aggregate)")]
+    pub agg_interval_ms: Option<u64>,
     /// The command to record, after `--`.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+/// Aggregate key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum AggKey {
+    /// The interrupted instruction pointer.
+    Ip,
+    /// Process id and instruction pointer.
+    PidIp,
+    /// Process id, kernel stack id, user stack id.
+    Stack,
 }
 
 /// Output of `hrperf decode`.

@@ -13,7 +13,10 @@ use hrperf::source::sim::{self, SimConfig, SimSource, Workload};
 use hrperf::source::Source;
 use hrperf_abi::format::{MODE_OVERFLOW, MODE_POLL};
 
-use crate::args::{parse_duration_ns, parse_size, RecordArgs, SourceKind, WorkloadKind};
+use hrperf_fmt_aggregate::record::{KEY_IP, KEY_PID_IP, KEY_STACK};
+use hrperf_fmt_aggregate::AggregateArg;
+
+use crate::args::{parse_duration_ns, parse_size, AggKey, RecordArgs, SourceKind, WorkloadKind};
 use crate::{CliError, CliResult};
 
 /// Default poll interval when no mode is given.
@@ -55,7 +58,22 @@ pub fn run(a: RecordArgs) -> CliResult {
         host_info: true,
         sim_config: String::new(),
         pebs_pmu: None,
+        format_arg: Vec::new(),
+        switch_interval_ns: 0,
     };
+    let has_agg_options = a.agg_key.is_some() || a.agg_slots.is_some() || a.agg_interval_ms.is_some();
+    if has_agg_options && a.format != hrperf_fmt_aggregate::AGGREGATE_NAME {
+        return Err(CliError("--agg-key, --agg-slots and --agg-interval-ms need --format aggregate".into()));
+    }
+    if a.format == hrperf_fmt_aggregate::AGGREGATE_NAME && source_kind != SourceKind::Kmod {
+        let (arg, interval_ns) = aggregate_arg(&a)?;
+        opts.format_arg = arg.to_bytes().to_vec();
+        opts.switch_interval_ns = interval_ns;
+    } else if has_agg_options && source_kind == SourceKind::Kmod {
+        return Err(CliError(
+            "--agg-* options are not supported with --source kmod yet; use --source sim or --source perf".into(),
+        ));
+    }
     let pebs = format_needs_pebs(&a.format);
     if pebs && source_kind == SourceKind::Perf {
         return Err(CliError(format!(
@@ -122,6 +140,33 @@ pub fn run(a: RecordArgs) -> CliResult {
         print_summary(&a.output, &summary);
     }
     Ok(exit_code(summary.exit_status))
+}
+
+/// The aggregating format's argument and switch interval from `--agg-*`.
+fn aggregate_arg(a: &RecordArgs) -> Result<(AggregateArg, u64), CliError> {
+    let key = match a.agg_key.unwrap_or(AggKey::Ip) {
+        AggKey::Ip => KEY_IP,
+        AggKey::PidIp => KEY_PID_IP,
+        AggKey::Stack => {
+            if !a.quiet {
+                eprintln!(
+                    "hrperf: note: --agg-key stack: the {} source has no stack service yet, so every kernel and user stack id is 0 (keys are per pid)",
+                    if a.source == SourceKind::Sim { "sim" } else { "perf" }
+                );
+            }
+            KEY_STACK
+        }
+    };
+    let slots = a.agg_slots.unwrap_or(0);
+    if a.agg_slots.is_some() && !(slots.is_power_of_two() && (16..=1 << 20).contains(&slots)) {
+        return Err(CliError(format!("--agg-slots {slots}: give a power of two in 16..=1048576, e.g. 4096")));
+    }
+    let interval_ns = match a.agg_interval_ms {
+        Some(0) => return Err(CliError("--agg-interval-ms takes a positive number of milliseconds".into())),
+        Some(ms) => ms.saturating_mul(1_000_000),
+        None => 0,
+    };
+    Ok((AggregateArg { key, slots, ..AggregateArg::default() }, interval_ns))
 }
 
 /// The live progress line on stderr (a terminal).
@@ -210,6 +255,18 @@ pub(crate) fn print_summary(path: &Path, s: &RecordSummary) {
             sum(|p| p.header.threshold_hits),
             sum(|p| p.header.restarts),
             sum(|p| p.header.records_copied)
+        );
+    }
+    if !s.aggregate.is_empty() {
+        let sum = |f: fn(&hrperf::record::AggCpuSummary) -> u64| s.aggregate.iter().map(f).sum::<u64>();
+        eprintln!(
+            "[hrperf] aggregate: {} samples in {} intervals, {} key rows, {} in other ({} table misses), {} postponed switches",
+            sum(|c| c.samples),
+            sum(|c| c.intervals),
+            sum(|c| c.entries),
+            sum(|c| c.other_count),
+            sum(|c| c.misses),
+            sum(|c| c.switch_waits)
         );
     }
     if s.drops > 0 {

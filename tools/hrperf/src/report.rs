@@ -1,24 +1,50 @@
-//! `hrperf report --format pebs`: the memory-access profile of a PEBS capture
-//! ([`hrperf::pebs_report`]), printed as tables.
+//! `hrperf report`: for `--format pebs`, the memory-access profile of a PEBS capture
+//! ([`hrperf::pebs_report`]); for `--format aggregate`, the top keys and the
+//! per-interval time series of an aggregating-format capture ([`hrperf::agg_report`]).
+//! Printed as tables.
 
 use std::io::{self, Write};
 use std::process::ExitCode;
 
+use hrperf::agg_report::{self, AggReport, Key, RankBy, StackKey};
 use hrperf::capture::Reader;
 use hrperf::pebs_report::{profile, Bucket, PebsProfile, LAT_BUCKETS};
 
-use crate::args::ReportArgs;
+use crate::args::{ReportArgs, ReportBy};
 use crate::{CliError, CliResult};
 
 /// Runs `hrperf report`.
 pub fn run(a: ReportArgs) -> CliResult {
-    if a.format != "pebs" {
-        return Err(CliError(format!("no report for format '{}': the reports available are: pebs", a.format)));
+    if let Some(f) = a.format.as_deref().filter(|f| !matches!(*f, "pebs" | "aggregate")) {
+        return Err(CliError(format!("no report for format '{f}': the reports available are: pebs, aggregate")));
     }
     let reader = Reader::open(&a.input)?;
-    let p = profile(&reader, a.top.max(1))?;
+    let format = a.format.clone().unwrap_or_else(|| reader.meta().format_name.clone());
     let mut out = io::BufWriter::new(io::stdout().lock());
-    match print(&mut out, &reader, &p).and_then(|()| out.flush()) {
+    let printed = match format.as_str() {
+        "aggregate" => {
+            let by = match a.by.unwrap_or(ReportBy::Count) {
+                ReportBy::Count => RankBy::Count,
+                ReportBy::Sum => RankBy::Sum,
+            };
+            let r = agg_report::report(&reader, a.top.max(1), by)?;
+            print_aggregate(&mut out, &reader, &r, by, a.time_series)
+        }
+        "pebs" => {
+            if a.by.is_some() || a.time_series {
+                return Err(CliError("--by and --time-series apply to --format aggregate reports".into()));
+            }
+            let p = profile(&reader, a.top.max(1))?;
+            print(&mut out, &reader, &p)
+        }
+        f => {
+            return Err(CliError(format!(
+                "{} holds '{f}' records; hrperf report needs a capture recorded with --format pebs or --format aggregate",
+                a.input.display()
+            )))
+        }
+    };
+    match printed.and_then(|()| out.flush()) {
         Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(CliError(format!("writing the report: {e}"))),
         _ => Ok(ExitCode::SUCCESS),
     }
@@ -104,6 +130,102 @@ fn print(w: &mut dyn Write, reader: &Reader, p: &PebsProfile) -> io::Result<()> 
         let range = if i == LAT_BUCKETS - 1 { format!("{lo}+") } else { format!("{lo}-{}", (1u64 << i) - 1) };
         let bar = "#".repeat(((c * 40).div_ceil(max)) as usize);
         writeln!(w, "  {range:>12} {c:>9} {:>6.1}%  {bar}", pct(c, n))?;
+    }
+    Ok(())
+}
+
+fn stack_name(s: &StackKey) -> String {
+    match s {
+        StackKey::None => "-".into(),
+        StackKey::Lost => "lost".into(),
+        StackKey::Unknown(id) => format!("?{id}"),
+        StackKey::Frames(f) => f.iter().map(|a| format!("{a:#x}")).collect::<Vec<_>>().join(";"),
+    }
+}
+
+fn key_name(kind: u32, k: &Key) -> String {
+    use hrperf_fmt_aggregate::record::{KEY_IP, KEY_PID_IP};
+    match kind {
+        KEY_IP => format!("{:#x}", k.ip),
+        KEY_PID_IP => format!("pid {} {:#x}", k.pid, k.ip),
+        _ => format!("pid {} kstack {} ustack {}", k.pid, stack_name(&k.kstack), stack_name(&k.ustack)),
+    }
+}
+
+fn secs(ns: u64, base: u64) -> String {
+    format!("{:.6}", ns.saturating_sub(base) as f64 / 1e9)
+}
+
+fn print_aggregate(w: &mut dyn Write, reader: &Reader, r: &AggReport, by: RankBy, series: bool) -> io::Result<()> {
+    use hrperf_fmt_aggregate::record::key_name as kind_name;
+    let meta = reader.meta();
+    let counter = meta.events.get(r.counter as usize).map_or_else(|| format!("counter {}", r.counter), |e| e.name.clone());
+    let cpus: std::collections::BTreeSet<u32> = r.intervals.iter().map(|i| i.iv.cpu).collect();
+    writeln!(w, "Aggregate profile of {}: key {}, summed counter {counter}", reader.path().display(), kind_name(r.key_kind))?;
+    writeln!(
+        w,
+        "  {} samples in {} intervals on {} CPU{}; {} distinct keys; other {} ({:.1}%), of which {} table misses; {counter} sum {}",
+        r.samples,
+        r.intervals.len(),
+        cpus.len(),
+        if cpus.len() == 1 { "" } else { "s" },
+        r.distinct_keys,
+        r.other_count,
+        pct(r.other_count, r.samples),
+        r.misses,
+        r.sum_total
+    )?;
+    if r.inconsistent > 0 || r.malformed > 0 {
+        writeln!(w, "  WARNING: {} inconsistent intervals, {} malformed records", r.inconsistent, r.malformed)?;
+    }
+    let rank = match by {
+        RankBy::Count => "samples",
+        RankBy::Sum => &counter,
+    };
+    writeln!(w, "\nTop {} keys by {rank}", r.top.len())?;
+    writeln!(w, "  {:>4}  {:<32} {:>10} {:>7} {:>16} {:>7} {:>9}", "rank", "key", "samples", "share", "sum", "share", "intervals")?;
+    for (i, k) in r.top.iter().enumerate() {
+        writeln!(
+            w,
+            "  {:>4}  {:<32} {:>10} {:>6.1}% {:>16} {:>6.1}% {:>9}",
+            i + 1,
+            key_name(r.key_kind, &k.key),
+            k.count,
+            pct(k.count, r.samples),
+            k.sum,
+            pct(k.sum, r.sum_total),
+            k.intervals
+        )?;
+    }
+    if r.other_count > 0 {
+        writeln!(
+            w,
+            "  {:>4}  {:<32} {:>10} {:>6.1}% {:>16} {:>6.1}%",
+            "",
+            "(other: no table slot)",
+            r.other_count,
+            pct(r.other_count, r.samples),
+            r.other_sum,
+            pct(r.other_sum, r.sum_total)
+        )?;
+    }
+    if series {
+        let base = meta.start_time_ns;
+        writeln!(w, "\nTime series (one row per interval per CPU; seconds from the start)")?;
+        writeln!(
+            w,
+            "  {:>4} {:>6} {:>12} {:>12} {:>9} {:>6} {:>8} {:>8} {:>16}",
+            "cpu", "seq", "start", "end", "samples", "keys", "other", "misses", "sum"
+        )?;
+        for row in &r.intervals {
+            let iv = &row.iv;
+            let (start, end) = if iv.samples == 0 { ("-".into(), "-".into()) } else { (secs(iv.start_ns, base), secs(iv.end_ns, base)) };
+            writeln!(
+                w,
+                "  {:>4} {:>6} {:>12} {:>12} {:>9} {:>6} {:>8} {:>8} {:>16}",
+                iv.cpu, iv.seq, start, end, iv.samples, row.keys, iv.other_count, iv.misses, iv.sum_total
+            )?;
+        }
     }
     Ok(())
 }
