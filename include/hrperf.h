@@ -77,6 +77,7 @@ struct hrperf_uuid {
 #define HRPERF_FMT_FL_PEBS (1u << 0)
 #define HRPERF_FMT_FL_RING (1u << 1)
 #define HRPERF_FMT_FL_STACKS (1u << 2)
+#define HRPERF_FMT_FL_INTERVALS (1u << 3)
 
 /* ---- ioctl arguments (ioctl.rs) ---- */
 

@@ -38,6 +38,18 @@ extern crate self as hrperf_abi;
 #[path = "../engine/src/lib.rs"]
 #[expect(unused_attributes, reason = "the crate-level #![no_std] of a file used as a module")]
 pub mod engine;
+/// The aggregate format's `hrperf_engine::Buffer` names the engine's, re-exported here.
+pub use engine::Buffer;
+/// `hrperf_engine::` paths (the aggregate format) name this crate.
+extern crate self as hrperf_engine;
+
+/// The aggregating format's crate, for its consumer side only: `CONSUME` on a session
+/// of a `FMT_FL_INTERVALS` format acknowledges an interval through
+/// [`aggregate::consumer::AggView::ack_seq`] (the user mapping is read-only). The format
+/// itself (its handler) is registered by fmt-aggregate.ko, not by this module.
+#[path = "../../formats/aggregate/src/lib.rs"]
+#[expect(unused_attributes, reason = "the crate-level #![no_std] of a file used as a module")]
+pub mod aggregate;
 
 mod file;
 mod session;

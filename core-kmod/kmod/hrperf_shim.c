@@ -280,6 +280,27 @@ void hrperf_shim_counter_enable(struct perf_event *ev) { perf_event_enable(ev); 
 void hrperf_shim_counter_disable(struct perf_event *ev) { perf_event_disable(ev); }
 
 /*
+ * Whether a hardware PMU is registered: a disabled PERF_TYPE_HARDWARE cycles counter
+ * can be created on this CPU (fails with -ENOENT when only software events exist).
+ */
+int hrperf_shim_hw_pmu_present(void)
+{
+	struct perf_event_attr attr = {
+		.type = PERF_TYPE_HARDWARE,
+		.size = sizeof(attr),
+		.config = PERF_COUNT_HW_CPU_CYCLES,
+		.disabled = 1,
+	};
+	struct perf_event *ev;
+
+	ev = perf_event_create_kernel_counter(&attr, raw_smp_processor_id(), NULL, NULL, NULL);
+	if (IS_ERR(ev))
+		return 0;
+	perf_event_release_kernel(ev);
+	return 1;
+}
+
+/*
  * The counter's 64-bit count, read on its own CPU: what perf_event_read_local() does
  * (not exported in 6.12) for a per-CPU, non-inherited event. IRQ and NMI safe.
  */

@@ -60,6 +60,7 @@ int hrperf_shim_counter_create(u32 cpu, const struct hrperf_counter_attr *a, voi
 void hrperf_shim_counter_release(struct perf_event *ev);
 void hrperf_shim_counter_enable(struct perf_event *ev);
 void hrperf_shim_counter_disable(struct perf_event *ev);
+int hrperf_shim_hw_pmu_present(void);
 u64 hrperf_shim_counter_read_local(struct perf_event *ev);
 u32 hrperf_shim_this_cpu(void);
 u32 hrperf_shim_nr_cpu_ids(void);

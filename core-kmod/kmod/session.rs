@@ -31,12 +31,13 @@ use crate::abi::event::{
     EVENT_TYPE_HW_CACHE, EVENT_TYPE_RAW, EVENT_TYPE_SOFTWARE,
 };
 use crate::abi::format::{
-    Services, SessionParams, CTRL_NOTIFY, MODE_INSTRUCTED, MODE_OVERFLOW, MODE_POLL,
-    SAMPLE_INSTRUCTED, SAMPLE_OVERFLOW, SAMPLE_POLL,
+    Services, SessionParams, CTRL_NOTIFY, CTRL_SWITCH, FMT_FL_INTERVALS, FMT_FL_PEBS,
+    MODE_INSTRUCTED, MODE_OVERFLOW, MODE_POLL, SAMPLE_INSTRUCTED, SAMPLE_OVERFLOW, SAMPLE_POLL,
 };
 use crate::abi::ioctl::{BufferSlot, CpuStats};
 use crate::abi::{CpuMask, MAX_COUNTERS, MAX_CPUS};
 use crate::engine::{Buffer, CounterConfig, CpuSession, Format, RingReader, Sample, Session};
+use crate::aggregate::consumer::{Access, AggView, ViewError};
 use crate::engine_err;
 use crate::shim::{self, FileHandle, ModuleRef, PerfCounter, Thread, ThreadBody, Vma, VmBuffer};
 
@@ -50,6 +51,68 @@ const MAX_BUF_SIZE: u64 = (1 << 30) + (1 << 20);
 const MAX_TOTAL_SIZE: u64 = 1 << 30;
 /// Cross calls retried this often while an overflow handler holds a CPU's slot.
 const BUSY_RETRIES: u32 = 10_000;
+/// Control bits that wake the reader: NOTIFY, and SWITCH (an interval was published).
+const CTRL_WAKE: u32 = CTRL_NOTIFY | CTRL_SWITCH;
+
+/// Offset of the `FMT_FL_PEBS` argument's flags word (`PebsArg::flags`).
+const PEBS_ARG_FLAGS: usize = 4;
+/// Offset of the `FMT_FL_PEBS` argument's detected-format word (`PebsArg::pebs_format`).
+const PEBS_ARG_FORMAT: usize = 8;
+/// `PebsArg::flags` bit: a PEBS-capable PMU is present (`ARG_FL_PMU_PRESENT`).
+const PEBS_ARG_FL_PMU_PRESENT: u32 = 1 << 0;
+
+/// What the kernel detected about PEBS: `Some(pebs_format word)` if a PEBS-capable PMU
+/// can be used, `None` otherwise.
+///
+/// Detected: whether a hardware PMU is registered at all (a disabled
+/// `PERF_TYPE_HARDWARE` cycles counter can be created, [`shim::hw_pmu_present`]). That
+/// is necessary, not sufficient: the PEBS record format lives in `x86_pmu.intel_cap`,
+/// which a module cannot reach, and this module does not program the DS save area or
+/// the PEBS MSRs yet. So the answer is conservatively `None` ("not present") in every
+/// case for now (logged with the hardware-PMU finding); under QEMU/TCG there is no
+/// hardware PMU anyway.
+fn pebs_detect() -> Option<u32> {
+    let hw_pmu = if shim::hw_pmu_present() { "present" } else { "absent" };
+    pr_info!(
+        "PEBS: hardware PMU {}; PEBS not present (capability not readable from a module, DS/PEBS MSR programming not implemented)\n",
+        hw_pmu
+    );
+    None
+}
+
+/// For a `FMT_FL_PEBS` format, overwrites the argument's PMU fields with what the kernel
+/// detected (never trusting the user's) and refuses with `ENODEV` if nothing was. The
+/// argument layout is the PEBS format's `PebsArg`: `u32` flags at byte 4 (bit 0
+/// `ARG_FL_PMU_PRESENT`), `u32` `pebs_format` at byte 8; a shorter argument is left to
+/// the format's `validate`.
+fn apply_pmu_detection(format_flags: u32, arg: &mut [u8]) -> Result {
+    if format_flags & FMT_FL_PEBS == 0 {
+        return Ok(());
+    }
+    let detected = pebs_detect();
+    if let Some(w) = arg.get_mut(PEBS_ARG_FLAGS..PEBS_ARG_FLAGS + 4) {
+        let mut flags = [0u8; 4];
+        flags.copy_from_slice(w);
+        let mut flags = u32::from_ne_bytes(flags) & !PEBS_ARG_FL_PMU_PRESENT;
+        if detected.is_some() {
+            flags |= PEBS_ARG_FL_PMU_PRESENT;
+        }
+        w.copy_from_slice(&flags.to_ne_bytes());
+    }
+    if let Some(w) = arg.get_mut(PEBS_ARG_FORMAT..PEBS_ARG_FORMAT + 4) {
+        w.copy_from_slice(&detected.unwrap_or(0).to_ne_bytes());
+    }
+    if detected.is_none() {
+        return Err(ENODEV);
+    }
+    Ok(())
+}
+
+/// A refused interval acknowledgement as an errno: not an interval buffer, or not the
+/// published interval → `EINVAL`.
+fn view_err(_e: ViewError) -> Error {
+    EINVAL
+}
 
 /// Wakes a file's `poll()` waiters and remembers whether that was acknowledged.
 pub(crate) struct Notifier {
@@ -163,7 +226,8 @@ impl CpuSlot {
         match ctrl {
             // CTRL_RESET needs nothing: perf re-arms its own sampling period, and its
             // counts are 64-bit, so the engine's raw values never jump.
-            Some(ctrl) if ctrl & CTRL_NOTIFY != 0 => self.notifier().notify(),
+            // CTRL_SWITCH (an interval was published) wakes the reader like NOTIFY.
+            Some(ctrl) if ctrl & CTRL_WAKE != 0 => self.notifier().notify(),
             Some(_) => {}
             None => {
                 self.busy_skips.fetch_add(1, Ordering::Relaxed);
@@ -316,7 +380,7 @@ pub(crate) struct ActiveSession {
     mode: u32,
     running: bool,
     buf_size: usize,
-    _pin: FormatPin,
+    pin: FormatPin,
 }
 
 impl ActiveSession {
@@ -328,6 +392,11 @@ impl ActiveSession {
         notifier: &Notifier,
     ) -> Result<KBox<ActiveSession>> {
         let pin = FormatPin { format: req.format, _module: module };
+        let mut arg = KVec::with_capacity(req.arg.len(), GFP_KERNEL)?;
+        arg.extend_from_slice(req.arg, GFP_KERNEL)?;
+        // Before `validate`: the PMU fields come from the kernel, not the user.
+        apply_pmu_detection(req.format.flags(), &mut arg)?;
+        let arg: &[u8] = &arg;
         let nr = req.events.len();
         let params = SessionParams {
             size: core::mem::size_of::<SessionParams>() as u32,
@@ -343,7 +412,7 @@ impl ActiveSession {
         // perf kernel counters are 64-bit: nothing to virtualise, no wrap to detect.
         let counters = [CounterConfig { width: 64, max_rate_per_sec: 0 }; MAX_COUNTERS];
         let counters = counters.get(..nr).ok_or(EINVAL)?;
-        let session = Session::new(req.format, &params, req.arg, counters).map_err(engine_err)?;
+        let session = Session::new(req.format, &params, arg, counters).map_err(engine_err)?;
         let size = session.buffer_size();
         if size > MAX_BUF_SIZE {
             return Err(ENOMEM);
@@ -373,7 +442,7 @@ impl ActiveSession {
                 mode: req.mode,
                 running: false,
                 buf_size,
-                _pin: pin,
+                pin,
             },
             GFP_KERNEL,
         )?;
@@ -382,7 +451,7 @@ impl ActiveSession {
             let buf = VmBuffer::new(buf_size)?;
             // SAFETY: a fresh buffer of `len` bytes, not shared with anyone yet.
             let mut b = unsafe { Buffer::from_raw(buf.ptr(), buf.len()) }.map_err(engine_err)?;
-            let cs = s.session.init_cpu(cpu, &mut b, req.arg).map_err(engine_err)?;
+            let cs = s.session.init_cpu(cpu, &mut b, arg).map_err(engine_err)?;
             let slot = CpuSlot {
                 cpu,
                 busy: AtomicBool::new(false),
@@ -482,11 +551,13 @@ impl ActiveSession {
         Ok(self.shared.slots.iter().filter(move |s| cpu == u32::MAX || s.cpu == cpu))
     }
 
-    /// RESTART after NOTIFY/MASK on `cpu` (`u32::MAX`: all).
+    /// RESTART after NOTIFY/MASK on `cpu` (`u32::MAX`: all). For a `FMT_FL_INTERVALS`
+    /// format this switches intervals (the format's `restart`; `EBUSY` while the
+    /// published interval is not acknowledged).
     pub(crate) fn restart(&mut self, cpu: u32) -> Result {
         for slot in self.slots_for(cpu)? {
             let ctrl = slot.run_on(|cs, buf| cs.restart(buf))?.map_err(engine_err)?;
-            if ctrl & CTRL_NOTIFY != 0 {
+            if ctrl & CTRL_WAKE != 0 {
                 slot.notifier().notify();
             }
         }
@@ -542,9 +613,21 @@ impl ActiveSession {
         Ok(BufferSlot { cpu: slot.cpu, reserved: 0, offset: (i * self.buf_size) as u64 })
     }
 
-    /// CONSUME: the reader read `cpu`'s ring up to `tail`.
+    /// CONSUME: the reader read `cpu`'s ring up to `tail`; for a `FMT_FL_INTERVALS`
+    /// format, the reader finished reading interval `tail` (its sequence number).
     pub(crate) fn consume(&self, cpu: u32, tail: u64) -> Result {
         let slot = self.shared.slot(cpu).ok_or(EINVAL)?;
+        if self.pin.format.flags() & FMT_FL_INTERVALS != 0 {
+            // SAFETY: the slot's live buffer of `len` bytes (8-aligned vmalloc memory);
+            // the only concurrent writer is its producer (the format's handler/restart),
+            // and the view only stores the consumer line (`U_ACK`), atomically.
+            let view =
+                unsafe { AggView::from_raw(slot.buf.ptr(), slot.buf.len(), Access::ReadWrite) }
+                    .map_err(view_err)?;
+            view.ack_seq(tail).map_err(view_err)?;
+            slot.notifier().ack();
+            return Ok(());
+        }
         // SAFETY: the slot's live buffer; used as the (single, ioctl-serialised)
         // consumer only: header atomics through `RingReader`.
         let b = unsafe { Buffer::from_raw(slot.buf.ptr(), slot.buf.len()) }.map_err(engine_err)?;

@@ -72,6 +72,7 @@ mod ffi {
         pub(super) fn hrperf_shim_counter_release(ev: *mut c_void);
         pub(super) fn hrperf_shim_counter_enable(ev: *mut c_void);
         pub(super) fn hrperf_shim_counter_disable(ev: *mut c_void);
+        pub(super) fn hrperf_shim_hw_pmu_present() -> c_int;
         pub(super) fn hrperf_shim_counter_read_local(ev: *mut c_void) -> u64;
         pub(super) fn hrperf_shim_this_cpu() -> u32;
         pub(super) fn hrperf_shim_nr_cpu_ids() -> u32;
@@ -351,6 +352,13 @@ impl Drop for PerfCounter {
         // SAFETY: the type invariant; released once. After this no overflow calls run.
         unsafe { ffi::hrperf_shim_counter_release(self.0.as_ptr()) };
     }
+}
+
+/// Whether a hardware PMU is registered (a `PERF_TYPE_HARDWARE` cycles counter can be
+/// created on this CPU). Process context (sleeps).
+pub(crate) fn hw_pmu_present() -> bool {
+    // SAFETY: process context; creates and releases a disabled counter, nothing kept.
+    unsafe { ffi::hrperf_shim_hw_pmu_present() != 0 }
 }
 
 // ---- CPUs, time, cross calls ----------------------------------------------------------------------

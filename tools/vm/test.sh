@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The one VM entry point: setup -> kernel -> modules -> initramfs -> boot.
 # Usage: test.sh [FILE[:GUEST_PATH]]...   extra files for the guest
-# Default: hrperf-core.ko + fmt-delta.ko and the guest test (guest/guest.sh running
-# guest/hrperf_test.c, built here against include/hrperf.h), then the userspace half:
-# the hrperf CLI (record --source kmod, status, start/pause/poll-log/stop, decode),
+# Default: hrperf-core.ko + fmt-delta.ko, fmt-pebs.ko, fmt-aggregate.ko and the guest
+# test (guest/guest.sh running guest/hrperf_test.c, built here against include/hrperf.h),
+# then the userspace half: the hrperf CLI (record --source kmod, status, start/pause/poll-log/stop, decode),
 # libhrperf.so with guest/hrperf_api_test.c, and python3 with userlib/python/hrperf.py.
 # Env: HRPERF_VM_SELFTEST=1: only the toolchain self-test module (selftest/),
 #      HRPERF_VM_GUEST_SCRIPT (default: guest/guest.sh, or selftest/guest.sh), VM_TIMEOUT,

@@ -212,6 +212,10 @@ pub const FMT_FL_PEBS: u32 = 1 << 0;
 pub const FMT_FL_RING: u32 = 1 << 1;
 /// Format flag: the format wants kernel/user stacks through [`Services`].
 pub const FMT_FL_STACKS: u32 = 1 << 2;
+/// Format flag: the data area is published in intervals (double buffering): `CTRL_SWITCH`
+/// publishes one, the reader acknowledges interval `seq` with `CONSUME` and
+/// `tail = seq` (the mapping is read-only), `restart` switches.
+pub const FMT_FL_INTERVALS: u32 = 1 << 3;
 
 /// The table a format registers: `hrperf_register_format(&OPS)` in the kernel,
 /// `Registry::register(&OPS)` in userspace.

@@ -139,8 +139,8 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use hrperf_abi::errno::{E2BIG, EBUSY, EFAULT, EINVAL};
 use hrperf_abi::format::{
-    FormatOps, OverflowArg, Services, SessionParams, Uuid, CTRL_NOTIFY, CTRL_SWITCH, FMT_FL_STACKS,
-    FORMAT_ABI_VERSION, MODE_INSTRUCTED, MODE_OVERFLOW, MODE_POLL,
+    FormatOps, OverflowArg, Services, SessionParams, Uuid, CTRL_NOTIFY, CTRL_SWITCH,
+    FMT_FL_INTERVALS, FMT_FL_STACKS, FORMAT_ABI_VERSION, MODE_INSTRUCTED, MODE_OVERFLOW, MODE_POLL,
 };
 use hrperf_abi::{BufferHeader, MAX_COUNTERS};
 use hrperf_engine::Buffer;
@@ -365,7 +365,7 @@ pub static AGGREGATE_OPS: FormatOps = FormatOps {
     uuid: AGGREGATE_UUID,
     version: AGGREGATE_VERSION,
     arg_size: AGGREGATE_ARG_SIZE as u32,
-    flags: FMT_FL_STACKS,
+    flags: FMT_FL_STACKS | FMT_FL_INTERVALS,
     reserved: 0,
     owner: core::ptr::null_mut(),
     validate: Some(aggregate_validate),

@@ -13,8 +13,8 @@ use core::ptr::NonNull;
 
 use hrperf_abi::errno::{E2BIG, EBUSY, EINVAL};
 use hrperf_abi::format::{
-    CTRL_NOTIFY, CTRL_RESET, CTRL_SWITCH, FMT_FL_STACKS, MODE_OVERFLOW, MODE_POLL, SAMPLE_OVERFLOW,
-    SAMPLE_POLL,
+    CTRL_NOTIFY, CTRL_RESET, CTRL_SWITCH, FMT_FL_INTERVALS, FMT_FL_STACKS, MODE_OVERFLOW,
+    MODE_POLL, SAMPLE_OVERFLOW, SAMPLE_POLL,
 };
 use hrperf_abi::{RecordType, Services, SessionParams, MAX_COUNTERS};
 use hrperf_engine::{
@@ -1154,7 +1154,12 @@ fn ops_table_registers() {
     assert_eq!(hrperf_abi::name_bytes(&info.name), b"aggregate");
     assert_eq!(
         (info.uuid, info.version, info.arg_size, info.flags),
-        (AGGREGATE_UUID, 0x0001_0000, 48, FMT_FL_STACKS)
+        (
+            AGGREGATE_UUID,
+            0x0001_0000,
+            48,
+            FMT_FL_STACKS | FMT_FL_INTERVALS
+        )
     );
     // Callbacks refuse what is not theirs instead of touching it.
     let mut junk = vec![0u64; 64];

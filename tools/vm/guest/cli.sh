@@ -82,6 +82,16 @@ echo "$out"
 echo "$out" | grep -q 'insmod fmt-nope.ko (registered formats: delta)' || fail "format hint"
 echo "ok: status lists delta; one-line errors name the module to load"
 
+step "hrperf record --source kmod --format pebs -- true (no PEBS-capable PMU)"
+insmod /fmt-pebs.ko
+rc=0; out=$(hrperf record --source kmod --format pebs -o /tmp/pebs.data -- true 2>&1) || rc=$?
+echo "$out"
+[ "$rc" = 2 ] || fail "pebs record exit status $rc, want 2"
+[ "$(echo "$out" | wc -l)" = 1 ] || fail "pebs error is not one line"
+echo "$out" | grep -q 'no PEBS-capable PMU' || fail "pebs error does not say why"
+rmmod fmt_pebs
+echo "ok: --format pebs: one line, exit 2, module unloads"
+
 step "hrperf record --source kmod -e cpu-clock,page-faults -c 100000 -- hrperf-burn (overflow)"
 t0=$(ms)
 hrperf record --source kmod -e cpu-clock,page-faults -c 100000 -o /tmp/ovf.data -- \

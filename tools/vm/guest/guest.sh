@@ -1,6 +1,6 @@
 #!/bin/sh
 # Runs inside the QEMU guest (tools/vm/initramfs.sh's /init): the hrperf kernel test.
-# Files: /hrperf-core.ko /fmt-delta.ko /hrperf_test (and cli.sh's files, see there). Any failed step exits non-zero;
+# Files: /hrperf-core.ko /fmt-delta.ko /fmt-pebs.ko /fmt-aggregate.ko /hrperf_test (and cli.sh's files, see there). Any failed step exits non-zero;
 # run-qemu.sh also fails the run on any Oops/BUG/WARNING/Call Trace in the log.
 set -e
 T=/hrperf_test
@@ -32,6 +32,19 @@ $T instructed 100
 
 step "mmap rules"
 $T mmap
+
+step "fmt-pebs: registered, refused without a PEBS-capable PMU"
+insmod /fmt-pebs.ko
+dmesg | grep -q 'hrperf_core: format registered: pebs'
+$T pebs
+rmmod fmt_pebs
+
+step "fmt-aggregate: intervals in place, CONSUME acks, RESTART switches (overflow, cpu-clock 100 us)"
+insmod /fmt-aggregate.ko
+dmesg | grep -q 'hrperf_core: format registered: aggregate'
+$T aggregate 1000
+rmmod fmt_aggregate
+echo "ok: fmt_pebs and fmt_aggregate unloaded"
 
 step "module pinning"
 if rmmod hrperf_core 2>/dev/null; then echo "FAIL: rmmod hrperf_core with fmt_delta loaded"; exit 1; fi

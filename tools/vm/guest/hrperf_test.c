@@ -14,6 +14,9 @@
  *                                     (run with fmt_delta unloaded, so only the file pins it)
  *   hrperf_test abuse [rounds]        every command with bad arguments; then a session
  *   hrperf_test quick                 one short instructed session (for load cycles)
+ *   hrperf_test pebs                  fmt-pebs: listed; CREATE refused with ENODEV (no PMU)
+ *   hrperf_test aggregate [ms]        fmt-aggregate: intervals read in place, acked by
+ *                                     CONSUME (tail = seq), switched by RESTART; conservation
  *
  * Prints measured figures (TCG timing, not hardware timing) and "ok: ..." lines; exits
  * non-zero with "FAIL: ..." on the first failed check.
@@ -122,8 +125,9 @@ struct session {
 	struct hrperf_buffer_slot slots[MAX_SLOTS];
 };
 
-static void session_create(struct session *s, uint32_t mode, const uint32_t *sw_events,
-			   uint32_t nr, uint64_t period, uint64_t poll_ns, uint64_t data_size)
+static void session_create_fmt(struct session *s, const char *format, const void *arg,
+			       uint32_t arg_len, uint32_t mode, const uint32_t *sw_events,
+			       uint32_t nr, uint64_t period, uint64_t poll_ns, uint64_t data_size)
 {
 	struct hrperf_session_create c;
 	struct hrperf_buffers_arg b;
@@ -134,7 +138,9 @@ static void session_create(struct session *s, uint32_t mode, const uint32_t *sw_
 	s->nr = nr;
 	memset(&c, 0, sizeof(c));
 	c.size = sizeof(c);
-	strcpy(c.format_name, "delta");
+	strcpy(c.format_name, format);
+	c.fmt_arg = (uintptr_t)arg;
+	c.fmt_arg_len = arg_len;
 	c.mode = mode;
 	c.nr_events = nr;
 	for (uint32_t i = 0; i < nr; i++) {
@@ -157,6 +163,12 @@ static void session_create(struct session *s, uint32_t mode, const uint32_t *sw_
 	s->map_len = (size_t)b.count * b.buf_size;
 	s->map = mmap(NULL, s->map_len, PROT_READ, MAP_SHARED, s->fd, 0);
 	CHECK(s->map != MAP_FAILED, "mmap %zu bytes read-only", s->map_len);
+}
+
+static void session_create(struct session *s, uint32_t mode, const uint32_t *sw_events,
+			   uint32_t nr, uint64_t period, uint64_t poll_ns, uint64_t data_size)
+{
+	session_create_fmt(s, "delta", NULL, 0, mode, sw_events, nr, period, poll_ns, data_size);
 }
 
 static void session_close(struct session *s)
@@ -752,6 +764,228 @@ static void quick(void)
 	session_close(&s);
 }
 
+/* Whether FORMATS lists `name`. */
+static int format_listed(int fd, const char *name)
+{
+	struct hrperf_format_info fi[16];
+	struct hrperf_format_list fl = { .size = sizeof(fl), .capacity = 16,
+					 .entries = (uintptr_t)fi };
+	int found = 0;
+
+	CHECK(ioctl(fd, HRPERF_IOC_FORMATS, &fl) == 0, "FORMATS");
+	for (uint32_t i = 0; i < fl.count && i < 16; i++)
+		found |= !strcmp(fi[i].name, name);
+	return found;
+}
+
+/*
+ * fmt-pebs: listed; CREATE is refused with ENODEV because the kernel detects no
+ * PEBS-capable PMU here, even when the argument (wrongly) claims one: the core
+ * overwrites the argument's PMU fields with what it detected.
+ */
+static void test_pebs(void)
+{
+	int fd = dev_open();
+	struct hrperf_session_create c;
+	uint32_t arg[36];	/* PebsArg, 144 bytes */
+	int r;
+
+	CHECK(format_listed(fd, "pebs"), "format pebs not listed");
+	memset(&c, 0, sizeof(c));
+	c.size = sizeof(c);
+	strcpy(c.format_name, "pebs");
+	c.mode = HRPERF_MODE_OVERFLOW;
+	c.nr_events = 1;
+	c.events[0].type = HRPERF_EVENT_TYPE_SOFTWARE;
+	c.events[0].config = PERF_COUNT_SW_CPU_CLOCK;
+	c.sample_period = 100000;
+	r = ioctl(fd, HRPERF_IOC_CREATE, &c);
+	CHECK(r == -1 && errno == ENODEV, "CREATE pebs (no argument): %d, want ENODEV", r);
+	memset(arg, 0, sizeof(arg));
+	arg[0] = sizeof(arg);	/* size */
+	arg[1] = 1;		/* ARG_FL_PMU_PRESENT: a lie the kernel must not believe */
+	arg[2] = 4;		/* pebs_format: adaptive */
+	c.fmt_arg = (uintptr_t)arg;
+	c.fmt_arg_len = sizeof(arg);
+	r = ioctl(fd, HRPERF_IOC_CREATE, &c);
+	CHECK(r == -1 && errno == ENODEV, "CREATE pebs (argument claims a PMU): %d, want ENODEV", r);
+	CHECK(ioctl(fd, HRPERF_IOC_START) == -1 && errno == EINVAL, "no session after refusal");
+	close(fd);
+	printf("ok: pebs listed; CREATE refused with ENODEV (no PEBS-capable PMU detected), also when the argument claims one\n");
+}
+
+/* The aggregate format's layout (formats/aggregate/src/layout.rs). */
+#define AGG_C_MAGIC 0
+#define AGG_C_TABLE_BYTES 32
+#define AGG_C_PUBLISHED 40
+#define AGG_U_ACK 64
+#define AGG_TABLES_OFFSET 128
+#define AGG_T_SEQ 0
+#define AGG_T_SAMPLES 24
+#define AGG_T_OTHER_COUNT 32
+#define AGG_T_USED 56
+#define AGG_TABLE_HEADER 128
+#define AGG_SLOT 32
+#define AGG_CONTROL_MAGIC 0x3152474741505248ull	/* "HRPAGGR1" little endian */
+
+static uint64_t ld64(const uint8_t *p, uint64_t off)
+{
+	return __atomic_load_n((const uint64_t *)(p + off), __ATOMIC_ACQUIRE);
+}
+
+struct agg_tally {
+	uint64_t intervals, samples, other, keys, restarts;
+	uint64_t last_seq;
+};
+
+/*
+ * Reads CPU i's published, unacknowledged interval in place (if any), checks
+ * samples == sum of slot counts + other, then acknowledges it with CONSUME (tail = seq).
+ * Returns 1 if an interval was consumed.
+ */
+static int agg_consume(struct session *s, uint32_t i, struct agg_tally *t, unsigned slots)
+{
+	const struct hrperf_buffer_header *h = hdr_of(s, i);
+	const uint8_t *d = (const uint8_t *)h + h->data_offset;
+	uint64_t seq = ld64(d, AGG_C_PUBLISHED), tb = ld64(d, AGG_C_TABLE_BYTES);
+	const uint8_t *tab;
+	uint64_t sum = 0, used = 0, samples, other;
+	uint32_t gen;
+	struct hrperf_consume_arg c = { .size = sizeof(c), .cpu = h->cpu };
+
+	CHECK(ld64(d, AGG_C_MAGIC) == AGG_CONTROL_MAGIC, "aggregate control block of cpu %u", h->cpu);
+	if (seq == 0 || seq == ld64(d, AGG_U_ACK))
+		return 0;
+	CHECK(seq == t->last_seq + 1, "cpu %u: interval %llu after %llu", h->cpu,
+	      (unsigned long long)seq, (unsigned long long)t->last_seq);
+	tab = d + AGG_TABLES_OFFSET + (seq & 1) * tb;
+	CHECK(ld64(tab, AGG_T_SEQ) == seq, "table seq");
+	gen = (uint32_t)(seq % 0xffffffffull) + 1;
+	samples = ld64(tab, AGG_T_SAMPLES);
+	other = ld64(tab, AGG_T_OTHER_COUNT);
+	for (unsigned k = 0; k < slots; k++) {
+		const uint8_t *sl = tab + AGG_TABLE_HEADER + (uint64_t)k * AGG_SLOT;
+
+		if ((uint32_t)ld64(sl, 8) != gen)
+			continue;
+		sum += ld64(sl, 16);
+		used++;
+	}
+	CHECK(used == ld64(tab, AGG_T_USED), "cpu %u interval %llu: %llu slots used, header says %llu",
+	      h->cpu, (unsigned long long)seq, (unsigned long long)used,
+	      (unsigned long long)ld64(tab, AGG_T_USED));
+	CHECK(samples == sum + other, "cpu %u interval %llu: samples %llu != counts %llu + other %llu",
+	      h->cpu, (unsigned long long)seq, (unsigned long long)samples,
+	      (unsigned long long)sum, (unsigned long long)other);
+	/* A wrong sequence number is refused. */
+	c.tail = seq + 1;
+	CHECK(ioctl(s->fd, HRPERF_IOC_CONSUME, &c) == -1 && errno == EINVAL, "CONSUME wrong seq");
+	c.tail = seq;
+	CHECK(ioctl(s->fd, HRPERF_IOC_CONSUME, &c) == 0, "CONSUME cpu %u seq %llu", h->cpu,
+	      (unsigned long long)seq);
+	CHECK(ld64(d, AGG_U_ACK) == seq, "ack visible in the mapping");
+	t->intervals++;
+	t->samples += samples;
+	t->other += other;
+	t->keys += used;
+	t->last_seq = seq;
+	return 1;
+}
+
+/* RESTART on CPU i: switches at once once the published interval is acknowledged. */
+static void agg_switch(struct session *s, uint32_t i, struct agg_tally *t, unsigned slots)
+{
+	struct hrperf_cpu_arg a = { .size = sizeof(a), .cpu = s->slots[i].cpu };
+
+	for (int tries = 0; ioctl(s->fd, HRPERF_IOC_RESTART, &a) != 0; tries++) {
+		/* EBUSY: the handler published an interval since we looked: consume it. */
+		CHECK(errno == EBUSY && tries < 100, "RESTART cpu %u", a.cpu);
+		agg_consume(s, i, t, slots);
+	}
+	t->restarts++;
+}
+
+/*
+ * fmt-aggregate in overflow mode (cpu-clock, 100 us) under a busy load: a small table
+ * (32 slots, probe 2, switch at half full) so the handler also switches by itself (CTRL_SWITCH
+ * wakes poll()); the reader consumes published intervals in place and switches with
+ * RESTART every 100 ms. Per interval: samples == sum of counts + other. Per CPU: the
+ * intervals' samples add up to the overflows in the buffer header and in STATS.
+ */
+static void test_aggregate(unsigned ms)
+{
+	static const uint32_t ev[] = { PERF_COUNT_SW_CPU_CLOCK };
+	uint32_t arg[12] = { 0 };	/* AggregateArg, 48 bytes */
+	const unsigned slots = 32;
+	struct agg_tally t[MAX_SLOTS] = { 0 };
+	struct hrperf_cpu_stats st[MAX_SLOTS];
+	struct session s;
+	unsigned wakeups = 0, restarts = 0;
+	uint64_t t0, end, next_switch, all = 0, ivs = 0;
+
+	arg[0] = sizeof(arg);
+	arg[3] = slots;		/* slots */
+	arg[4] = 2;		/* probe: collisions go to "other" */
+	arg[6] = 500;		/* switch_permille */
+	session_create_fmt(&s, "aggregate", arg, sizeof(arg), HRPERF_MODE_OVERFLOW, ev, 1, 100000,
+			   0, 0);
+	load_start(online_cpus());
+	CHECK(ioctl(s.fd, HRPERF_IOC_START) == 0, "START");
+	t0 = now_ns();
+	end = t0 + (uint64_t)ms * 1000000;
+	next_switch = t0 + 100000000;
+	while (now_ns() < end) {
+		struct pollfd p = { .fd = s.fd, .events = POLLIN };
+		int r = poll(&p, 1, 20);
+
+		CHECK(r >= 0, "poll");
+		if (r > 0)
+			wakeups++;
+		for (uint32_t i = 0; i < s.count; i++)
+			agg_consume(&s, i, &t[i], slots);
+		if (now_ns() >= next_switch) {
+			for (uint32_t i = 0; i < s.count; i++) {
+				agg_consume(&s, i, &t[i], slots);
+				agg_switch(&s, i, &t[i], slots);
+			}
+			next_switch += 100000000;
+		}
+	}
+	CHECK(ioctl(s.fd, HRPERF_IOC_STOP) == 0, "STOP");
+	load_stop();
+	/* Close the last interval of each CPU: consume what is published, switch, consume. */
+	for (uint32_t i = 0; i < s.count; i++) {
+		agg_consume(&s, i, &t[i], slots);
+		agg_switch(&s, i, &t[i], slots);
+		CHECK(agg_consume(&s, i, &t[i], slots) == 1, "final interval of slot %u", i);
+	}
+	stats(&s, st);
+	for (uint32_t i = 0; i < s.count; i++) {
+		const struct hrperf_buffer_header *h = hdr_of(&s, i);
+
+		restarts += t[i].restarts;
+		printf("aggregate cpu %u: %llu intervals (%llu closed by RESTART, %llu by the handler: CTRL_SWITCH), %llu samples (%llu in other, %llu keys summed over intervals), header overflows %llu, STATS overflows %llu, masked %llu\n",
+		       h->cpu, (unsigned long long)t[i].intervals, (unsigned long long)t[i].restarts,
+		       (unsigned long long)(t[i].intervals - t[i].restarts),
+		       (unsigned long long)t[i].samples,
+		       (unsigned long long)t[i].other, (unsigned long long)t[i].keys,
+		       (unsigned long long)h->overflows, (unsigned long long)st[i].overflows,
+		       (unsigned long long)st[i].masked);
+		CHECK(t[i].samples == h->overflows && h->overflows == st[i].overflows,
+		      "cpu %u: intervals hold %llu samples, header %llu, STATS %llu", h->cpu,
+		      (unsigned long long)t[i].samples, (unsigned long long)h->overflows,
+		      (unsigned long long)st[i].overflows);
+		CHECK(t[i].intervals >= 3 && t[i].samples > 0, "cpu %u: too few intervals/samples",
+		      h->cpu);
+		all += t[i].samples;
+		ivs += t[i].intervals;
+	}
+	session_close(&s);
+	printf("MEASURED aggregate: %llu samples in %llu intervals over %u CPUs in %u ms (cpu-clock 100 us), %u poll wakeups, %u RESTART switches; every interval samples == counts + other, per-CPU sum == overflows (TCG timing)\n",
+	       (unsigned long long)all, (unsigned long long)ivs, s.count, ms, wakeups, restarts);
+	printf("ok: aggregate intervals read in place, acknowledged by CONSUME, switched by RESTART; nothing lost\n");
+}
+
 int main(int argc, char **argv)
 {
 	const char *what = argc > 1 ? argv[1] : "";
@@ -779,7 +1013,11 @@ int main(int argc, char **argv)
 		abuse(a1 ? a1 : 10);
 	else if (!strcmp(what, "quick"))
 		quick();
+	else if (!strcmp(what, "pebs"))
+		test_pebs();
+	else if (!strcmp(what, "aggregate"))
+		test_aggregate(a1 ? a1 : 1000);
 	else
-		fail("usage: hrperf_test info|overflow|poll|instructed|mmap|busy-format|busy-core|abuse|quick");
+		fail("usage: hrperf_test info|overflow|poll|instructed|mmap|busy-format|busy-core|abuse|quick|pebs|aggregate");
 	return 0;
 }

@@ -55,7 +55,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use hrperf_abi::buffer::{BUFFER_MAGIC, BUFFER_VERSION};
-use hrperf_abi::format::{FMT_FL_RING, MODE_INSTRUCTED, MODE_OVERFLOW, MODE_POLL};
+use hrperf_abi::format::{FMT_FL_PEBS, FMT_FL_RING, MODE_INSTRUCTED, MODE_OVERFLOW, MODE_POLL};
 use hrperf_abi::ioctl::{
     BufferSlot, BuffersArg, ConsumeArg, CpuStats, FormatInfo, FormatList, ModuleInfo,
     SessionCreate, StatsArg, IOCTL_ABI_VERSION, MODE_DEFAULT,
@@ -185,11 +185,17 @@ impl KmodError {
     }
 }
 
+/// The CREATE of a `FMT_FL_PEBS` format (its `ENODEV` means "no PEBS-capable PMU").
+const PEBS_CREATE: &str = "HRPERF_IOC_CREATE (format pebs)";
+
 /// What a failed ioctl means, per command and errno (the kernel's contract in
 /// `core-kmod/kmod/file.rs`).
 fn ioctl_hint(call: &'static str, errno: Option<i32>) -> String {
     let e = errno.unwrap_or(0);
     let hint = match (call, e) {
+        (PEBS_CREATE, libc::ENODEV) => {
+            "no PEBS-capable PMU was detected by the kernel (hrperf-core.ko checks the hardware PMU itself; virtual machines usually have none): use a software or hardware event with another format, e.g. --format delta"
+        }
         (_, libc::ENODEV) => "the module is unloading (reload hrperf-core.ko)",
         (_, libc::ENOTTY) => "not an hrperf device, or hrperf-core.ko is older than this hrperf",
         (_, libc::EFAULT) => "the module could not access the argument (a bug in hrperf: please report it)",
@@ -457,13 +463,19 @@ impl Session {
                 name: cfg.format.clone(),
                 registered: format_names(&formats),
             })?;
+        let create = build_create(cfg, &module)?;
+        if format.flags & FMT_FL_PEBS != 0 {
+            // The kernel decides whether PEBS is usable (it detects the PMU itself): ask
+            // it first, so a machine without a PEBS-capable PMU gets that answer.
+            sys.ioctl(dev.fd, Ioctl::Create(&create))
+                .map_err(|e| ioctl_error(PEBS_CREATE, e))?;
+        }
         if format.flags & FMT_FL_RING == 0 {
             return Err(KmodError::Config(format!(
                 "format '{}' does not log into a record ring; the kmod recorder reads ring formats only",
                 cfg.format
             )));
         }
-        let create = build_create(cfg, &module)?;
         sys.ioctl(dev.fd, Ioctl::Create(&create))
             .map_err(|e| ioctl_error("HRPERF_IOC_CREATE", e))?;
         let mode = if create.mode == MODE_DEFAULT {

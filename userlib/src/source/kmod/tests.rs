@@ -619,3 +619,18 @@ fn socket_directory_must_be_private() {
     }
     assert!(Request::parse("halt").is_none());
 }
+
+/// CREATE of a PEBS format refused with ENODEV (no PEBS-capable PMU detected by the
+/// kernel) says so in one line; ENODEV elsewhere still means "module unloading".
+#[test]
+fn pebs_enodev_is_one_readable_line() {
+    let e = ioctl_error(PEBS_CREATE, std::io::Error::from_raw_os_error(libc::ENODEV));
+    let s = e.to_string();
+    assert!(s.contains("no PEBS-capable PMU"), "{s}");
+    assert!(!s.contains('\n'));
+    let other = ioctl_error(
+        "HRPERF_IOC_START",
+        std::io::Error::from_raw_os_error(libc::ENODEV),
+    );
+    assert!(other.to_string().contains("unloading"));
+}
