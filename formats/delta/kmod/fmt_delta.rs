@@ -12,8 +12,6 @@
 //! insmod hrperf-core.ko && insmod fmt-delta.ko     # "delta" is listed by HRPERF_IOC_FORMATS
 //! ```
 
-use core::ffi::c_void;
-
 use kernel::prelude::*;
 
 #[path = "../../../core-kmod/abi/src/lib.rs"]
@@ -36,18 +34,8 @@ extern crate self as hrperf_engine;
 #[expect(unused_attributes, reason = "the crate-level #![no_std] of a file used as a module")]
 pub mod delta;
 
-
-
-mod core_api {
-    use super::FormatOps;
-
-    extern "C" {
-        /// hrperf-core's `EXPORT_SYMBOL_GPL` registration (`hrperf_shim.c`).
-        pub(super) fn hrperf_register_format(ops: *const FormatOps) -> kernel::ffi::c_int;
-        /// Its counterpart; `-EBUSY` while sessions use the format.
-        pub(super) fn hrperf_unregister_format(ops: *const FormatOps) -> kernel::ffi::c_int;
-    }
-}
+#[path = "../../../core-kmod/kmod/format_glue.rs"]
+mod glue;
 
 module! {
     type: FmtDelta,
@@ -57,31 +45,13 @@ module! {
     license: "GPL",
 }
 
-/// The registered table, kept alive (and at a fixed address) until unregistered.
+/// Keeps the format registered while the module is loaded.
 struct FmtDelta {
-    ops: KBox<FormatOps>,
+    _registration: glue::Registration,
 }
 
 impl kernel::Module for FmtDelta {
     fn init(module: &'static ThisModule) -> Result<Self> {
-        let ops = KBox::new(
-            FormatOps { owner: module.as_ptr().cast::<c_void>(), ..delta::DELTA_OPS },
-            GFP_KERNEL,
-        )?;
-        // SAFETY: `ops` is a valid table with `owner` = this module; it stays valid and
-        // unmodified until `drop` unregisters it (hrperf-core pins us while in use).
-        kernel::error::to_result(unsafe { core_api::hrperf_register_format(&*ops) })?;
-        pr_info!("registered format \"delta\"\n");
-        Ok(FmtDelta { ops })
-    }
-}
-
-impl Drop for FmtDelta {
-    fn drop(&mut self) {
-        // SAFETY: the table we registered; no session uses it (they pin this module).
-        let ret = unsafe { core_api::hrperf_unregister_format(&*self.ops) };
-        if ret != 0 {
-            pr_err!("unregistering \"delta\" failed: {}\n", ret);
-        }
+        Ok(FmtDelta { _registration: glue::Registration::new(module, &delta::DELTA_OPS)? })
     }
 }
