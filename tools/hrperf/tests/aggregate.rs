@@ -4,55 +4,11 @@
 //! --workspace`) with one row per key per interval, the top-N and time-series report,
 //! and one-line errors with status 2.
 
+mod common;
+
+use common::*;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-const HRPERF: &str = env!("CARGO_BIN_EXE_hrperf");
-const BURN: &str = env!("CARGO_BIN_EXE_hrperf-burn");
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("hrperf-agg-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn hrperf(args: &[&str]) -> Output {
-    Command::new(HRPERF).args(args).env_remove("HRPERF_PLUGIN_PATH").output().unwrap()
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "status {:?}\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
-
-fn one_line_error(out: &Output, expect: &str) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("hrperf: error:")).collect();
-    assert_eq!(lines.len(), 1, "one error line expected, got: {err}");
-    assert!(lines[0].contains(expect), "'{expect}' not in: {}", lines[0]);
-}
-
-fn plugin_built() {
-    let dir = Path::new(HRPERF).parent().unwrap();
-    assert!(
-        dir.join("libhrperf_decode_aggregate.so").exists(),
-        "decoder plugin missing next to {HRPERF}: run `cargo build --workspace` first (tools/test.sh does)"
-    );
-}
-
-fn jsonl(path: &Path) -> Vec<serde_json::Value> {
-    let out = ok(&hrperf(&["decode", "-i", path.to_str().unwrap(), "--output", "jsonl"]));
-    out.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
 
 /// Checks the decoded rows: one row per key per interval, entries adding up to each
 /// interval's samples minus other. Returns (intervals, entry rows, Σ samples).
@@ -98,7 +54,7 @@ fn stat(stderr: &str, word: &str) -> u64 {
 
 #[test]
 fn sim_record_decode_and_report() {
-    plugin_built();
+    plugin_built("aggregate");
     let d = tmpdir("sim");
     let data = d.join("agg.data");
     let f = data.to_str().unwrap();
@@ -141,7 +97,7 @@ fn sim_record_decode_and_report() {
 
 #[test]
 fn small_table_misses_show_in_the_report() {
-    plugin_built();
+    plugin_built("aggregate");
     let d = tmpdir("small");
     let data = d.join("small.data");
     let f = data.to_str().unwrap();
@@ -163,7 +119,7 @@ fn small_table_misses_show_in_the_report() {
 
 #[test]
 fn stack_key_says_stack_ids_are_0() {
-    plugin_built();
+    plugin_built("aggregate");
     let d = tmpdir("stack");
     let data = d.join("stack.data");
     let f = data.to_str().unwrap();
@@ -177,7 +133,7 @@ fn stack_key_says_stack_ids_are_0() {
 
 #[test]
 fn perf_record_on_a_workload_conserves_samples() {
-    plugin_built();
+    plugin_built("aggregate");
     let d = tmpdir("perf");
     let data = d.join("perf.data");
     let f = data.to_str().unwrap();

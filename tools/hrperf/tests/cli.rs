@@ -4,59 +4,16 @@
 //! The plugin `libhrperf_decode_delta.so` must have been built next to the binary
 //! (`cargo build --workspace`, which `tools/test.sh` runs first).
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-const HRPERF: &str = env!("CARGO_BIN_EXE_hrperf");
-const BURN: &str = env!("CARGO_BIN_EXE_hrperf-burn");
+use common::*;
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("hrperf-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn hrperf(args: &[&str]) -> Output {
-    Command::new(HRPERF).args(args).env_remove("HRPERF_PLUGIN_PATH").output().unwrap()
-}
-
-fn plugin_built() {
-    let dir = Path::new(HRPERF).parent().unwrap();
-    assert!(
-        dir.join("libhrperf_decode_delta.so").exists(),
-        "decoder plugin missing next to {HRPERF}: run `cargo build --workspace` first (tools/test.sh does)"
-    );
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "status {:?}\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
-
-/// A failure must be exit status 2 and exactly one line on stderr saying what went wrong.
-fn one_line_error(out: &Output, expect: &str) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("hrperf: error:")).collect();
-    assert_eq!(lines.len(), 1, "one error line expected, got: {err}");
-    assert!(lines[0].contains(expect), "'{expect}' not in: {}", lines[0]);
-}
-
-fn jsonl(path: &Path) -> Vec<serde_json::Value> {
-    let out = hrperf(&["decode", "-i", path.to_str().unwrap(), "--output", "jsonl"]);
-    ok(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
+use std::path::Path;
+use std::process::Command;
 
 #[test]
 fn perf_poll_cpu_clock_matches_workload_cpu_time() {
-    plugin_built();
+    plugin_built("delta");
     let d = tmpdir("perf-poll");
     let data = d.join("p.data");
     let out = Command::new(HRPERF)
@@ -91,7 +48,7 @@ fn perf_poll_cpu_clock_matches_workload_cpu_time() {
 
 #[test]
 fn perf_overflow_samples_have_ips_and_exit_status_is_the_commands() {
-    plugin_built();
+    plugin_built("delta");
     let d = tmpdir("perf-ovf");
     let data = d.join("o.data");
     let out = Command::new(HRPERF)
@@ -126,7 +83,7 @@ fn sim_recording_is_byte_reproducible() {
 /// intended format change (tests/golden/README.md says how they were made).
 #[test]
 fn sim_golden_capture_and_decode() {
-    plugin_built();
+    plugin_built("delta");
     let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden");
     let d = tmpdir("golden");
     let data = d.join("sim-steady.data");
@@ -145,7 +102,7 @@ fn sim_golden_capture_and_decode() {
 
 #[test]
 fn tiny_buffer_drops_are_counted_and_shown() {
-    plugin_built();
+    plugin_built("delta");
     let d = tmpdir("drops");
     let data = d.join("t.data");
     let out = hrperf(&["record", "--source", "sim", "-c", "3000", "--duration", "5ms", "--buffer-size", "4k", "--drain-ms", "1", "-o", data.to_str().unwrap()]);
@@ -204,7 +161,7 @@ fn missing_plugin_is_a_clear_error() {
 
 #[test]
 fn truncated_capture_decodes_what_is_intact_then_names_the_offset() {
-    plugin_built();
+    plugin_built("delta");
     let d = tmpdir("trunc");
     let data = d.join("s.data");
     ok(&hrperf(&["record", "--source", "sim", "--duration", "10ms", "--poll-us", "100", "-q", "-o", data.to_str().unwrap()]));
@@ -219,7 +176,7 @@ fn truncated_capture_decodes_what_is_intact_then_names_the_offset() {
 
 #[test]
 fn csv_has_one_column_per_event() {
-    plugin_built();
+    plugin_built("delta");
     let d = tmpdir("csv");
     let data = d.join("s.data");
     ok(&hrperf(&["record", "--source", "sim", "-e", "cycles,llc-misses", "--duration", "2ms", "-q", "-o", data.to_str().unwrap()]));

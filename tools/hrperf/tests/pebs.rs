@@ -3,54 +3,11 @@
 //! through `libhrperf_decode_pebs.so` (built next to the binary by `cargo build
 //! --workspace`), and the errors are one line with status 2.
 
+mod common;
+
+use common::*;
+
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-const HRPERF: &str = env!("CARGO_BIN_EXE_hrperf");
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("hrperf-pebs-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn hrperf(args: &[&str]) -> Output {
-    Command::new(HRPERF).args(args).env_remove("HRPERF_PLUGIN_PATH").output().unwrap()
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "status {:?}\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
-
-fn one_line_error(out: &Output, expect: &str) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("hrperf: error:")).collect();
-    assert_eq!(lines.len(), 1, "one error line expected, got: {err}");
-    assert!(lines[0].contains(expect), "'{expect}' not in: {}", lines[0]);
-}
-
-fn plugin_built() {
-    let dir = Path::new(HRPERF).parent().unwrap();
-    assert!(
-        dir.join("libhrperf_decode_pebs.so").exists(),
-        "PEBS decoder plugin missing next to {HRPERF}: run `cargo build --workspace` first (tools/test.sh does)"
-    );
-}
-
-fn jsonl(path: &Path) -> Vec<serde_json::Value> {
-    let out = hrperf(&["decode", "-i", path.to_str().unwrap(), "--output", "jsonl"]);
-    ok(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
 
 fn hex(v: &serde_json::Value) -> u64 {
     u64::from_str_radix(v.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
@@ -58,7 +15,7 @@ fn hex(v: &serde_json::Value) -> u64 {
 
 #[test]
 fn sim_pebs_decodes_with_addresses_latencies_and_levels() {
-    plugin_built();
+    plugin_built("pebs");
     let d = tmpdir("adaptive");
     let data = d.join("pebs.data");
     let out = hrperf(&[
@@ -98,7 +55,7 @@ fn sim_pebs_decodes_with_addresses_latencies_and_levels() {
 
 #[test]
 fn every_legacy_layout_records_and_decodes() {
-    plugin_built();
+    plugin_built("pebs");
     let d = tmpdir("legacy");
     for (fmt, kind) in [("fmt0", "pebs_core"), ("fmt1", "pebs_nhm"), ("fmt2", "pebs_hsw"), ("fmt3", "pebs_skl")] {
         let data = d.join(format!("{fmt}.data"));
