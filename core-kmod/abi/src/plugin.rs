@@ -63,6 +63,46 @@ pub struct FieldDesc {
     pub flags: u32,
 }
 
+impl FieldDesc {
+    /// A field named by `name`, a NUL-terminated static string.
+    pub const fn new(name: &'static [u8], kind: u32) -> FieldDesc {
+        FieldDesc { name: c_name(name), kind, flags: 0 }
+    }
+}
+
+/// A NUL-terminated static byte string as the `*const c_char` the declaration holds
+/// (plugin, kind and field names). A missing NUL fails the build of a `static`.
+pub const fn c_name(s: &'static [u8]) -> *const c_char {
+    assert!(!s.is_empty() && s[s.len() - 1] == 0, "names in a plugin declaration are NUL-terminated");
+    s.as_ptr().cast()
+}
+
+/// What every plugin's [`DecodeFn`] does before touching memory: null pointers give
+/// [`DECODE_EFAULT`]; otherwise `decode_record` gets the record and the output slots as
+/// slices and its result is returned.
+///
+/// # Safety
+///
+/// The [`DecodeFn`] contract: `rec` is null or valid for `len` bytes and `out` null or
+/// valid for `out_cap` writable values, for the duration of the call.
+pub unsafe fn decode_entry(
+    ctx: *const DecodeCtx,
+    rec: *const u8,
+    len: usize,
+    out: *mut FieldValue,
+    out_cap: u32,
+    decode_record: impl FnOnce(&[u8], &mut [FieldValue]) -> i32,
+) -> i32 {
+    if ctx.is_null() || rec.is_null() || out.is_null() {
+        return DECODE_EFAULT;
+    }
+    // SAFETY: non-null, and valid for `len` bytes per this function's contract.
+    let rec = unsafe { core::slice::from_raw_parts(rec, len) };
+    // SAFETY: non-null, and valid for `out_cap` writable values per the contract.
+    let out = unsafe { core::slice::from_raw_parts_mut(out, out_cap as usize) };
+    decode_record(rec, out)
+}
+
 /// The schema of one record type a plugin decodes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

@@ -35,10 +35,10 @@
 //! [`decode_record`] directly. Decoding never panics on any bytes: every access goes
 //! through the format's parsers, which check sizes.
 
-use core::ffi::c_char;
 
 use hrperf_abi::plugin::{
-    DecodeCtx, FieldDesc, FieldValue, PluginDecl, RecordKindDesc, DECODE_EFAULT, DECODE_EMALFORMED,
+    c_name,
+    DecodeCtx, FieldDesc, FieldValue, PluginDecl, RecordKindDesc, DECODE_EMALFORMED,
     DECODE_ESPACE, DECODE_ETRUNCATED, DECODE_EUNKNOWN, FIELD_FL_ABSENT, FIELD_HEX, FIELD_HEX_LIST,
     FIELD_STR, FIELD_TIME, FIELD_U64, PLUGIN_ABI_VERSION,
 };
@@ -49,18 +49,6 @@ use hrperf_fmt_aggregate::record::{
 
 /// Format version this decoder understands: 1.0.
 pub const FORMAT_VERSION: u32 = 1 << 16;
-
-const fn cstr(s: &'static [u8]) -> *const c_char {
-    s.as_ptr().cast()
-}
-
-const fn field(name: &'static [u8], kind: u32) -> FieldDesc {
-    FieldDesc {
-        name: cstr(name),
-        kind,
-        flags: 0,
-    }
-}
 
 /// Index of each `aggregate_interval` field in [`INTERVAL_FIELDS`].
 pub mod iv {
@@ -154,50 +142,50 @@ pub mod st {
 
 /// The `aggregate_interval` kind's fields, in decode order.
 pub static INTERVAL_FIELDS: [FieldDesc; iv::N] = [
-    field(b"cpu\0", FIELD_U64),
-    field(b"seq\0", FIELD_U64),
-    field(b"interval_start\0", FIELD_TIME),
-    field(b"interval_end\0", FIELD_TIME),
-    field(b"key\0", FIELD_STR),
-    field(b"counter\0", FIELD_U64),
-    field(b"samples\0", FIELD_U64),
-    field(b"entries\0", FIELD_U64),
-    field(b"stacks\0", FIELD_U64),
-    field(b"other_count\0", FIELD_U64),
-    field(b"other_sum\0", FIELD_U64),
-    field(b"misses\0", FIELD_U64),
-    field(b"sum_total\0", FIELD_U64),
-    field(b"stack_misses\0", FIELD_U64),
-    field(b"stack_truncated\0", FIELD_U64),
-    field(b"multi_wraps\0", FIELD_U64),
-    field(b"closed_by\0", FIELD_STR),
-    field(b"flags\0", FIELD_HEX),
+    FieldDesc::new(b"cpu\0", FIELD_U64),
+    FieldDesc::new(b"seq\0", FIELD_U64),
+    FieldDesc::new(b"interval_start\0", FIELD_TIME),
+    FieldDesc::new(b"interval_end\0", FIELD_TIME),
+    FieldDesc::new(b"key\0", FIELD_STR),
+    FieldDesc::new(b"counter\0", FIELD_U64),
+    FieldDesc::new(b"samples\0", FIELD_U64),
+    FieldDesc::new(b"entries\0", FIELD_U64),
+    FieldDesc::new(b"stacks\0", FIELD_U64),
+    FieldDesc::new(b"other_count\0", FIELD_U64),
+    FieldDesc::new(b"other_sum\0", FIELD_U64),
+    FieldDesc::new(b"misses\0", FIELD_U64),
+    FieldDesc::new(b"sum_total\0", FIELD_U64),
+    FieldDesc::new(b"stack_misses\0", FIELD_U64),
+    FieldDesc::new(b"stack_truncated\0", FIELD_U64),
+    FieldDesc::new(b"multi_wraps\0", FIELD_U64),
+    FieldDesc::new(b"closed_by\0", FIELD_STR),
+    FieldDesc::new(b"flags\0", FIELD_HEX),
 ];
 
 /// The `aggregate_entry` kind's fields, in decode order.
 pub static ENTRY_FIELDS: [FieldDesc; en::N] = [
-    field(b"cpu\0", FIELD_U64),
-    field(b"seq\0", FIELD_U64),
-    field(b"interval_start\0", FIELD_TIME),
-    field(b"interval_end\0", FIELD_TIME),
-    field(b"key\0", FIELD_STR),
-    field(b"pid\0", FIELD_U64),
-    field(b"ip\0", FIELD_HEX),
-    field(b"kstack_id\0", FIELD_U64),
-    field(b"ustack_id\0", FIELD_U64),
-    field(b"count\0", FIELD_U64),
-    field(b"sum\0", FIELD_U64),
+    FieldDesc::new(b"cpu\0", FIELD_U64),
+    FieldDesc::new(b"seq\0", FIELD_U64),
+    FieldDesc::new(b"interval_start\0", FIELD_TIME),
+    FieldDesc::new(b"interval_end\0", FIELD_TIME),
+    FieldDesc::new(b"key\0", FIELD_STR),
+    FieldDesc::new(b"pid\0", FIELD_U64),
+    FieldDesc::new(b"ip\0", FIELD_HEX),
+    FieldDesc::new(b"kstack_id\0", FIELD_U64),
+    FieldDesc::new(b"ustack_id\0", FIELD_U64),
+    FieldDesc::new(b"count\0", FIELD_U64),
+    FieldDesc::new(b"sum\0", FIELD_U64),
 ];
 
 /// The `aggregate_stack` kind's fields, in decode order.
 pub static STACK_FIELDS: [FieldDesc; st::N] = [
-    field(b"cpu\0", FIELD_U64),
-    field(b"seq\0", FIELD_U64),
-    field(b"stack_id\0", FIELD_U64),
-    field(b"stack\0", FIELD_STR),
-    field(b"truncated\0", FIELD_U64),
-    field(b"depth\0", FIELD_U64),
-    field(b"frames\0", FIELD_HEX_LIST),
+    FieldDesc::new(b"cpu\0", FIELD_U64),
+    FieldDesc::new(b"seq\0", FIELD_U64),
+    FieldDesc::new(b"stack_id\0", FIELD_U64),
+    FieldDesc::new(b"stack\0", FIELD_STR),
+    FieldDesc::new(b"truncated\0", FIELD_U64),
+    FieldDesc::new(b"depth\0", FIELD_U64),
+    FieldDesc::new(b"frames\0", FIELD_HEX_LIST),
 ];
 
 /// Index of `aggregate_interval` in [`KINDS`].
@@ -212,19 +200,19 @@ pub static KINDS: [RecordKindDesc; 3] = [
     RecordKindDesc {
         record_type: REC_INTERVAL.0,
         nr_fields: iv::N as u32,
-        name: cstr(b"aggregate_interval\0"),
+        name: c_name(b"aggregate_interval\0"),
         fields: INTERVAL_FIELDS.as_ptr(),
     },
     RecordKindDesc {
         record_type: REC_ENTRY.0,
         nr_fields: en::N as u32,
-        name: cstr(b"aggregate_entry\0"),
+        name: c_name(b"aggregate_entry\0"),
         fields: ENTRY_FIELDS.as_ptr(),
     },
     RecordKindDesc {
         record_type: REC_STACK.0,
         nr_fields: st::N as u32,
-        name: cstr(b"aggregate_stack\0"),
+        name: c_name(b"aggregate_stack\0"),
         fields: STACK_FIELDS.as_ptr(),
     },
 ];
@@ -233,8 +221,8 @@ pub static KINDS: [RecordKindDesc; 3] = [
 pub static DECL: PluginDecl = PluginDecl {
     abi_version: PLUGIN_ABI_VERSION,
     size: core::mem::size_of::<PluginDecl>() as u32,
-    name: cstr(b"aggregate\0"),
-    description: cstr(
+    name: c_name(b"aggregate\0"),
+    description: c_name(
         b"per-CPU, per-interval sample counts and counter sums per key (ip, pid+ip or stacks)\0",
     ),
     uuid: hrperf_fmt_aggregate::AGGREGATE_UUID,
@@ -436,14 +424,8 @@ pub unsafe extern "C" fn decode(
     out: *mut FieldValue,
     out_cap: u32,
 ) -> i32 {
-    if ctx.is_null() || rec.is_null() || out.is_null() {
-        return DECODE_EFAULT;
-    }
-    // SAFETY: non-null, and valid for `len` bytes per this function's contract.
-    let rec = unsafe { core::slice::from_raw_parts(rec, len) };
-    // SAFETY: non-null, and valid for `out_cap` writable values per the contract.
-    let out = unsafe { core::slice::from_raw_parts_mut(out, out_cap as usize) };
-    decode_record(rec, out)
+    // SAFETY: this function's contract is decode_entry's.
+    unsafe { hrperf_abi::plugin::decode_entry(ctx, rec, len, out, out_cap, decode_record) }
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use hrperf_fmt_aggregate::record::{
 };
 
 use super::*;
+use hrperf_abi::plugin::DECODE_EFAULT;
 
 fn ctx() -> DecodeCtx {
     DecodeCtx {

@@ -20,10 +20,10 @@
 //! use [`DECL`] and [`decode_record`] directly. Decoding never panics on any bytes: every
 //! access goes through [`hrperf_fmt_delta::record::parse`], which checks sizes.
 
-use core::ffi::c_char;
 
 use hrperf_abi::plugin::{
-    DecodeCtx, FieldDesc, FieldValue, PluginDecl, RecordKindDesc, DECODE_EFAULT, DECODE_EMALFORMED,
+    c_name, decode_entry,
+    DecodeCtx, FieldDesc, FieldValue, PluginDecl, RecordKindDesc, DECODE_EMALFORMED,
     DECODE_ESPACE, DECODE_ETRUNCATED, DECODE_EUNKNOWN, FIELD_COUNTERS, FIELD_FL_ABSENT, FIELD_HEX,
     FIELD_STR, FIELD_TIME, FIELD_U64, PLUGIN_ABI_VERSION,
 };
@@ -33,18 +33,6 @@ use hrperf_fmt_delta::record::{self, ParseError, FIXED_SIZE, NO_OVERFLOW_COUNTER
 
 /// Format version this decoder understands: 1.0.
 pub const FORMAT_VERSION: u32 = 1 << 16;
-
-const fn cstr(s: &'static [u8]) -> *const c_char {
-    s.as_ptr().cast()
-}
-
-const fn field(name: &'static [u8], kind: u32) -> FieldDesc {
-    FieldDesc {
-        name: cstr(name),
-        kind,
-        flags: 0,
-    }
-}
 
 /// Index of each field in [`FIELDS`].
 mod idx {
@@ -62,22 +50,22 @@ mod idx {
 
 /// The `delta` kind's fields, in decode order.
 pub static FIELDS: [FieldDesc; idx::N] = [
-    field(b"cpu\0", FIELD_U64),
-    field(b"time_ns\0", FIELD_TIME),
-    field(b"pid\0", FIELD_U64),
-    field(b"tid\0", FIELD_U64),
-    field(b"trigger\0", FIELD_STR),
-    field(b"ip\0", FIELD_HEX),
-    field(b"ovfl_counter\0", FIELD_U64),
-    field(b"multi_wrap\0", FIELD_U64),
-    field(b"counters\0", FIELD_COUNTERS),
+    FieldDesc::new(b"cpu\0", FIELD_U64),
+    FieldDesc::new(b"time_ns\0", FIELD_TIME),
+    FieldDesc::new(b"pid\0", FIELD_U64),
+    FieldDesc::new(b"tid\0", FIELD_U64),
+    FieldDesc::new(b"trigger\0", FIELD_STR),
+    FieldDesc::new(b"ip\0", FIELD_HEX),
+    FieldDesc::new(b"ovfl_counter\0", FIELD_U64),
+    FieldDesc::new(b"multi_wrap\0", FIELD_U64),
+    FieldDesc::new(b"counters\0", FIELD_COUNTERS),
 ];
 
 /// The record kinds this plugin decodes.
 pub static KINDS: [RecordKindDesc; 1] = [RecordKindDesc {
     record_type: RecordType::DELTA.0,
     nr_fields: idx::N as u32,
-    name: cstr(b"delta\0"),
+    name: c_name(b"delta\0"),
     fields: FIELDS.as_ptr(),
 }];
 
@@ -85,8 +73,8 @@ pub static KINDS: [RecordKindDesc; 1] = [RecordKindDesc {
 pub static DECL: PluginDecl = PluginDecl {
     abi_version: PLUGIN_ABI_VERSION,
     size: core::mem::size_of::<PluginDecl>() as u32,
-    name: cstr(b"delta\0"),
-    description: cstr(
+    name: c_name(b"delta\0"),
+    description: c_name(
         b"per-CPU 64-bit counter deltas per overflow, poll tick or instructed read\0",
     ),
     uuid: hrperf_fmt_delta::DELTA_UUID,
@@ -200,22 +188,14 @@ pub unsafe extern "C" fn decode(
     out: *mut FieldValue,
     out_cap: u32,
 ) -> i32 {
-    if ctx.is_null() || rec.is_null() || out.is_null() {
-        return DECODE_EFAULT;
-    }
-    if (out_cap as usize) < idx::N {
-        return DECODE_ESPACE;
-    }
-    // SAFETY: non-null, and valid for `len` bytes per this function's contract.
-    let rec = unsafe { core::slice::from_raw_parts(rec, len) };
-    // SAFETY: non-null, and valid for `out_cap` writable values per the contract.
-    let out = unsafe { core::slice::from_raw_parts_mut(out, out_cap as usize) };
-    decode_record(rec, out)
+    // SAFETY: this function's contract is decode_entry's.
+    unsafe { decode_entry(ctx, rec, len, out, out_cap, decode_record) }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hrperf_abi::plugin::DECODE_EFAULT;
     use core::ffi::CStr;
     use hrperf_fmt_delta::record::{write, DeltaSample, MAX_RECORD_SIZE};
 

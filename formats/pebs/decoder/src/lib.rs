@@ -44,10 +44,10 @@
 //! every access goes through [`hrperf_fmt_pebs::record::parse`], which checks sizes.
 
 use core::cell::Cell;
-use core::ffi::c_char;
 
 use hrperf_abi::plugin::{
-    DecodeCtx, FieldDesc, FieldValue, PluginDecl, RecordKindDesc, DECODE_EFAULT, DECODE_EMALFORMED,
+    c_name, decode_entry,
+    DecodeCtx, FieldDesc, FieldValue, PluginDecl, RecordKindDesc, DECODE_EMALFORMED,
     DECODE_ESPACE, DECODE_ETRUNCATED, DECODE_EUNKNOWN, FIELD_FL_ABSENT, FIELD_HEX, FIELD_HEX_LIST,
     FIELD_STR, FIELD_TIME, FIELD_U64, PLUGIN_ABI_VERSION,
 };
@@ -58,14 +58,6 @@ use hrperf_fmt_pebs::{PEBS_UUID, PEBS_VERSION};
 
 /// Format version this decoder understands.
 pub const FORMAT_VERSION: u32 = PEBS_VERSION;
-
-const fn cstr(s: &'static [u8]) -> *const c_char {
-    s.as_ptr().cast()
-}
-
-const fn field(name: &'static [u8], kind: u32) -> FieldDesc {
-    FieldDesc { name: cstr(name), kind, flags: 0 }
-}
 
 /// Index of each field in [`FIELDS`].
 pub mod idx {
@@ -129,40 +121,40 @@ pub mod idx {
 
 /// The fields of every PEBS kind, in decode order.
 pub static FIELDS: [FieldDesc; idx::N] = [
-    field(b"cpu\0", FIELD_U64),
-    field(b"time_ns\0", FIELD_TIME),
-    field(b"tsc\0", FIELD_U64),
-    field(b"ip\0", FIELD_HEX),
-    field(b"eventing_ip\0", FIELD_HEX),
-    field(b"data_addr\0", FIELD_HEX),
-    field(b"latency\0", FIELD_U64),
-    field(b"instr_latency\0", FIELD_U64),
-    field(b"data_source\0", FIELD_HEX),
-    field(b"mem_op\0", FIELD_STR),
-    field(b"mem_level\0", FIELD_STR),
-    field(b"mem_hit\0", FIELD_STR),
-    field(b"mem_remote\0", FIELD_U64),
-    field(b"mem_snoop\0", FIELD_STR),
-    field(b"mem_tlb\0", FIELD_STR),
-    field(b"mem_lock\0", FIELD_STR),
-    field(b"mem_blocked\0", FIELD_STR),
-    field(b"applicable_counters\0", FIELD_HEX),
-    field(b"tsx_tuning\0", FIELD_HEX),
-    field(b"retire_latency\0", FIELD_U64),
-    field(b"regs\0", FIELD_HEX_LIST),
-    field(b"xmm\0", FIELD_HEX_LIST),
-    field(b"lbr\0", FIELD_HEX_LIST),
-    field(b"lbr_count\0", FIELD_U64),
-    field(b"layout\0", FIELD_STR),
-    field(b"pebs_format\0", FIELD_HEX),
-    field(b"source\0", FIELD_STR),
+    FieldDesc::new(b"cpu\0", FIELD_U64),
+    FieldDesc::new(b"time_ns\0", FIELD_TIME),
+    FieldDesc::new(b"tsc\0", FIELD_U64),
+    FieldDesc::new(b"ip\0", FIELD_HEX),
+    FieldDesc::new(b"eventing_ip\0", FIELD_HEX),
+    FieldDesc::new(b"data_addr\0", FIELD_HEX),
+    FieldDesc::new(b"latency\0", FIELD_U64),
+    FieldDesc::new(b"instr_latency\0", FIELD_U64),
+    FieldDesc::new(b"data_source\0", FIELD_HEX),
+    FieldDesc::new(b"mem_op\0", FIELD_STR),
+    FieldDesc::new(b"mem_level\0", FIELD_STR),
+    FieldDesc::new(b"mem_hit\0", FIELD_STR),
+    FieldDesc::new(b"mem_remote\0", FIELD_U64),
+    FieldDesc::new(b"mem_snoop\0", FIELD_STR),
+    FieldDesc::new(b"mem_tlb\0", FIELD_STR),
+    FieldDesc::new(b"mem_lock\0", FIELD_STR),
+    FieldDesc::new(b"mem_blocked\0", FIELD_STR),
+    FieldDesc::new(b"applicable_counters\0", FIELD_HEX),
+    FieldDesc::new(b"tsx_tuning\0", FIELD_HEX),
+    FieldDesc::new(b"retire_latency\0", FIELD_U64),
+    FieldDesc::new(b"regs\0", FIELD_HEX_LIST),
+    FieldDesc::new(b"xmm\0", FIELD_HEX_LIST),
+    FieldDesc::new(b"lbr\0", FIELD_HEX_LIST),
+    FieldDesc::new(b"lbr_count\0", FIELD_U64),
+    FieldDesc::new(b"layout\0", FIELD_STR),
+    FieldDesc::new(b"pebs_format\0", FIELD_HEX),
+    FieldDesc::new(b"source\0", FIELD_STR),
 ];
 
 const fn kind(layout: Layout, name: &'static [u8]) -> RecordKindDesc {
     RecordKindDesc {
         record_type: record::record_type(layout).0,
         nr_fields: idx::N as u32,
-        name: cstr(name),
+        name: c_name(name),
         fields: FIELDS.as_ptr(),
     }
 }
@@ -180,8 +172,8 @@ pub static KINDS: [RecordKindDesc; 5] = [
 pub static DECL: PluginDecl = PluginDecl {
     abi_version: PLUGIN_ABI_VERSION,
     size: core::mem::size_of::<PluginDecl>() as u32,
-    name: cstr(b"pebs\0"),
-    description: cstr(b"PEBS records (fmt0..fmt5, zero-copy DS area): IPs, data addresses, latency, data source\0"),
+    name: c_name(b"pebs\0"),
+    description: c_name(b"PEBS records (fmt0..fmt5, zero-copy DS area): IPs, data addresses, latency, data source\0"),
     uuid: PEBS_UUID,
     format_version: FORMAT_VERSION,
     nr_kinds: KINDS.len() as u32,
@@ -316,17 +308,8 @@ pub unsafe extern "C" fn decode(
     out: *mut FieldValue,
     out_cap: u32,
 ) -> i32 {
-    if ctx.is_null() || rec.is_null() || out.is_null() {
-        return DECODE_EFAULT;
-    }
-    if (out_cap as usize) < idx::N {
-        return DECODE_ESPACE;
-    }
-    // SAFETY: non-null, and valid for `len` bytes per this function's contract.
-    let rec = unsafe { core::slice::from_raw_parts(rec, len) };
-    // SAFETY: non-null, and valid for `out_cap` writable values per the contract.
-    let out = unsafe { core::slice::from_raw_parts_mut(out, out_cap as usize) };
-    decode_record(rec, out)
+    // SAFETY: this function's contract is decode_entry's.
+    unsafe { decode_entry(ctx, rec, len, out, out_cap, decode_record) }
 }
 
 #[cfg(test)]
