@@ -304,9 +304,8 @@ pub fn record<W: Write>(
     let info = source.info().clone();
     let mut registry = builtin_registry();
     let format: Format = registry.acquire(Selector::Name(opts.format.as_bytes())).map_err(|_| {
-        let known: Vec<String> =
-            registry.iter().map(|f| String::from_utf8_lossy(hrperf_abi::name_bytes(&f.name)).into_owned()).collect();
-        RecordError::UnknownFormat { name: opts.format.clone(), known: known.join(", ") }
+        let known: Vec<_> = registry.iter().collect();
+        RecordError::UnknownFormat { name: opts.format.clone(), known: crate::source::kmod::format_names(&known) }
     })?;
 
     let pebs = if format.ops().flags & FMT_FL_PEBS != 0 {
@@ -316,7 +315,7 @@ pub fn record<W: Write>(
                 let _ = registry.release(format);
                 return Err(RecordError::NoPebsPmu {
                     format: opts.format.clone(),
-                    detail: format!("{} source", source_name(info.source)),
+                    detail: format!("{} source", crate::decode::source_name(info.source)),
                 });
             }
         }
@@ -663,15 +662,6 @@ fn drain<W: Write>(slot: &mut CpuSlot, kind: BufKind<'_>, writer: &mut Writer<W>
         .map_err(engine(format!("reading CPU {cpu}'s ring")))?;
     writer.write_chunk(cpu, chunk, n)?;
     Ok(())
-}
-
-fn source_name(source: u32) -> &'static str {
-    match source {
-        hrperf_abi::capture::SOURCE_SIM => "sim",
-        hrperf_abi::capture::SOURCE_PERF => "perf",
-        hrperf_abi::capture::SOURCE_KMOD => "kmod",
-        _ => "unknown",
-    }
 }
 
 fn wall_ns() -> u64 {

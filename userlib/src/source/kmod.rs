@@ -251,15 +251,8 @@ pub enum Mode {
 /// cpu-clock, or a million events of another leader).
 pub const DEFAULT_PERIOD: u64 = 1_000_000;
 
-/// The name of a `MODE_*` value.
-pub fn mode_name(mode: u32) -> &'static str {
-    match mode {
-        MODE_OVERFLOW => "overflow",
-        MODE_POLL => "poll",
-        MODE_INSTRUCTED => "instructed",
-        _ => "unknown",
-    }
-}
+/// The name of a `MODE_*` value (one definition, in [`crate::decode`]).
+pub use crate::decode::mode_name;
 
 /// What session to create.
 #[derive(Clone, Debug, PartialEq, Eq)]

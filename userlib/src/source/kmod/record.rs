@@ -33,7 +33,6 @@ use std::sync::Arc;
 
 use hrperf_abi::capture::{EndInfo, CLOCK_PERF, SOURCE_KMOD};
 use hrperf_abi::ioctl::CpuStats;
-use hrperf_abi::name_bytes;
 
 use super::sys::{wall_ns, HeldChild};
 use super::{ioctl_error, KmodConfig, KmodError, KmodSys, Session, ENV_FD};
@@ -76,7 +75,7 @@ pub struct Recorder<W: Write> {
 pub fn capture_meta(session: &Session, command: &[String], host_info: bool) -> CaptureMeta {
     let f = session.format();
     CaptureMeta {
-        format_name: String::from_utf8_lossy(name_bytes(&f.name)).into_owned(),
+        format_name: super::format_name(f),
         format_uuid: f.uuid,
         format_version: f.version,
         source: SOURCE_KMOD,
