@@ -13,3 +13,4 @@ pub mod pebs_report;
 pub mod plugin;
 pub mod record;
 pub mod source;
+pub mod symsnap;

@@ -37,7 +37,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use hrperf_abi::capture::EndInfo;
-use hrperf_abi::format::{SessionParams, CTRL_NOTIFY, CTRL_RESET, FMT_FL_PEBS, MODE_OVERFLOW, MODE_POLL};
+use hrperf_abi::capture::{SOURCE_KMOD, SOURCE_PERF};
+use hrperf_abi::format::{
+    SessionParams, CTRL_NOTIFY, CTRL_RESET, FMT_FL_PEBS, FMT_FL_STACKS, MODE_OVERFLOW, MODE_POLL,
+};
 use hrperf_abi::ioctl::CpuStats;
 use hrperf_abi::{FormatOps, Services};
 use hrperf_engine::{Buffer, CounterConfig, CpuSession, EngineError, Format, Registry, RingReader, Selector, Session};
@@ -48,11 +51,16 @@ use hrperf_fmt_pebs::format::PebsHeader;
 
 use crate::capture::{CaptureError, CaptureMeta, Writer};
 use crate::source::sim::pebs::{PebsCpuCounts, PebsPmu};
-use crate::source::{Source, SourceError};
+use crate::source::{SampleStack, Source, SourceError};
+use crate::symsnap::SymbolSnapshots;
 
 /// The formats built into the userspace engine (the kernel gets them from fmt-*.ko).
-pub static BUILTIN_FORMATS: &[&FormatOps] =
-    &[&hrperf_fmt_delta::DELTA_OPS, &hrperf_fmt_pebs::PEBS_OPS, &hrperf_fmt_aggregate::AGGREGATE_OPS];
+pub static BUILTIN_FORMATS: &[&FormatOps] = &[
+    &hrperf_fmt_delta::DELTA_OPS,
+    &hrperf_fmt_pebs::PEBS_OPS,
+    &hrperf_fmt_aggregate::AGGREGATE_OPS,
+    &hrperf_fmt_llc_stack::LLC_STACK_OPS,
+];
 
 /// Default [`RecordOptions::switch_interval_ns`]: 100 ms.
 pub const DEFAULT_SWITCH_INTERVAL_NS: u64 = 100_000_000;
@@ -166,6 +174,10 @@ pub struct RecordSummary {
     pub pebs: Vec<PebsCpuSummary>,
     /// Per-CPU accounting of an aggregating-format recording (empty otherwise).
     pub aggregate: Vec<AggCpuSummary>,
+    /// Things the user should know about the capture (e.g. kernel symbols hidden).
+    pub notes: Vec<String>,
+    /// Samples dispatched with call stacks from the source (stack formats).
+    pub stacks: u64,
 }
 
 /// How one CPU's aggregated intervals were accounted for (sums over the intervals
@@ -328,6 +340,11 @@ pub fn record<W: Write>(
         None => opts.format_arg.clone(),
     };
     let aggregate = format.ops().uuid == hrperf_fmt_aggregate::AGGREGATE_UUID;
+    let (want_kernel, want_user) = stacks_wanted(format.ops(), &format_arg);
+    let stacks = (want_kernel || want_user) && source.has_stacks();
+    if stacks {
+        source.want_stacks(want_kernel, want_user)?;
+    }
     let kind = match (&pebs, aggregate) {
         (Some(p), _) => BufKind::Pebs(p),
         (None, true) => BufKind::Aggregate,
@@ -390,6 +407,18 @@ pub fn record<W: Write>(
         sim_config: opts.sim_config.clone(),
     };
     let mut writer = Writer::with_name(out, name, &meta)?;
+    let mut notes = Vec::new();
+    // Stacks are symbolized later from what is captured now (see `symsnap`).
+    let real_source = matches!(info.source, SOURCE_PERF | SOURCE_KMOD);
+    let mut snapshots = (stacks && real_source).then(SymbolSnapshots::new);
+    if stacks {
+        for t in source.symbols() {
+            writer.write_symbols(t.kind, t.pid, &t.text)?;
+        }
+    }
+    if let Some(snap) = snapshots.as_mut() {
+        notes.extend(snap.write_kallsyms(&mut writer)?);
+    }
 
     source.start()?;
     for slot in &mut slots {
@@ -411,6 +440,7 @@ pub fn record<W: Write>(
     let mut last_live = Instant::now();
     let mut drains = 0u64;
     let services = Services::NONE;
+    let mut stacked = 0u64;
     let mut stopping = false;
     let mut stop_deadline = None;
     loop {
@@ -430,11 +460,19 @@ pub fn record<W: Write>(
             }
         }
         let progress = progress?;
-        for s in &batch {
+        for (j, s) in batch.iter().enumerate() {
             let Some(&i) = index.get(s.cpu as usize).filter(|&&i| i != usize::MAX) else { continue };
             let slot = &mut slots[i];
             let mut buf = Buffer::from_words(&mut slot.words).map_err(engine("buffer"))?;
-            let ctrl = slot.session.dispatch(&mut buf, s, &services);
+            let stack = if stacks { source.stack(j) } else { None };
+            let ctrl = match stack {
+                Some(st) => {
+                    stacked += 1;
+                    let ctx = StackCtx(st);
+                    slot.session.dispatch(&mut buf, s, &ctx.services())
+                }
+                None => slot.session.dispatch(&mut buf, s, &services),
+            };
             samples += 1;
             now_ns = now_ns.max(s.time_ns);
             if ctrl & !CTRL_NOTIFY != 0 {
@@ -448,6 +486,12 @@ pub fn record<W: Write>(
             if ctrl & CTRL_NOTIFY != 0 {
                 notified[i] = true;
             }
+        }
+        if let Some(snap) = snapshots.as_mut() {
+            for s in &batch {
+                snap.note_pid(s.pid, &mut writer)?;
+            }
+            snap.refresh(&mut writer)?;
         }
         if opts.wake_on_notify {
             for (i, n) in notified.iter_mut().enumerate() {
@@ -505,7 +549,8 @@ pub fn record<W: Write>(
     }
 
     let finish = source.finish()?;
-    let mut summary = RecordSummary { samples, exit_status: finish.exit_status, ..RecordSummary::default() };
+    let mut summary =
+        RecordSummary { samples, exit_status: finish.exit_status, notes, stacks: stacked, ..RecordSummary::default() };
     for slot in &mut slots {
         let cpu = slot.cpu;
         {
@@ -559,6 +604,92 @@ pub fn record<W: Write>(
     writer.finish(end)?;
     summary.bytes = offset_before_end + (core::mem::size_of::<hrperf_abi::capture::ChunkHeader>() + core::mem::size_of::<EndInfo>()) as u64;
     Ok(summary)
+}
+
+/// Which stacks a session of `ops` with argument `arg` needs from the source:
+/// `(kernel, user)`. Stack formats (`FMT_FL_STACKS`) unless their argument opts out;
+/// the aggregating format when keyed by stack.
+fn stacks_wanted(ops: &FormatOps, arg: &[u8]) -> (bool, bool) {
+    if ops.uuid == hrperf_fmt_llc_stack::LLC_STACK_UUID {
+        let a = hrperf_fmt_llc_stack::parse_arg(arg).unwrap_or_default();
+        return (
+            a.flags & hrperf_fmt_llc_stack::ARG_NO_KERNEL_STACK == 0,
+            a.flags & hrperf_fmt_llc_stack::ARG_NO_USER_STACK == 0,
+        );
+    }
+    if ops.uuid == hrperf_fmt_aggregate::AGGREGATE_UUID {
+        return match hrperf_fmt_aggregate::parse_arg(arg) {
+            Ok(a) if a.key == hrperf_fmt_aggregate::record::KEY_STACK => (
+                a.flags & hrperf_fmt_aggregate::AGG_ARG_FL_NO_KSTACK == 0,
+                a.flags & hrperf_fmt_aggregate::AGG_ARG_FL_NO_USTACK == 0,
+            ),
+            _ => (false, false),
+        };
+    }
+    let any = ops.flags & FMT_FL_STACKS != 0;
+    (any, any)
+}
+
+/// The `Services` a userspace source offers a format for one sample: the stacks the
+/// source captured with it (what hrperf-core's services capture in the kernel).
+struct StackCtx<'a>(SampleStack<'a>);
+
+impl StackCtx<'_> {
+    fn services(&self) -> Services {
+        Services {
+            size: core::mem::size_of::<Services>() as u32,
+            reserved: 0,
+            ctx: (self as *const Self).cast_mut().cast(),
+            kernel_stack: Some(ctx_kernel_stack),
+            user_stack: Some(ctx_user_stack),
+            comm: Some(ctx_comm),
+        }
+    }
+}
+
+/// Copies up to `max` frames to `out`.
+///
+/// # Safety
+///
+/// `out` is valid for `max` u64 writes (the `Services` contract).
+unsafe fn copy_frames(src: &[u64], out: *mut u64, max: u32) -> u32 {
+    let n = src.len().min(max as usize);
+    // SAFETY: n <= max, the caller's contract; `src` does not overlap the ring.
+    unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), out, n) };
+    n as u32
+}
+
+/// # Safety
+///
+/// `ctx` is the `StackCtx` whose `services()` gave this function (alive during the
+/// dispatch); `out` as for [`copy_frames`].
+unsafe extern "C" fn ctx_kernel_stack(ctx: *mut core::ffi::c_void, out: *mut u64, max: u32) -> u32 {
+    // SAFETY: the function's contract.
+    let c = unsafe { &*ctx.cast::<StackCtx<'_>>() };
+    // SAFETY: forwarded.
+    unsafe { copy_frames(c.0.kernel, out, max) }
+}
+
+/// # Safety
+///
+/// As [`ctx_kernel_stack`].
+unsafe extern "C" fn ctx_user_stack(ctx: *mut core::ffi::c_void, out: *mut u64, max: u32) -> u32 {
+    // SAFETY: the function's contract.
+    let c = unsafe { &*ctx.cast::<StackCtx<'_>>() };
+    // SAFETY: forwarded.
+    unsafe { copy_frames(c.0.user, out, max) }
+}
+
+/// # Safety
+///
+/// `ctx` as for [`ctx_kernel_stack`]; `out` valid for `len` byte writes.
+unsafe extern "C" fn ctx_comm(ctx: *mut core::ffi::c_void, out: *mut u8, len: u32) -> u32 {
+    // SAFETY: the function's contract.
+    let c = unsafe { &*ctx.cast::<StackCtx<'_>>() };
+    let n = c.0.comm.len().min(len as usize);
+    // SAFETY: n <= len, the caller's contract.
+    unsafe { core::ptr::copy_nonoverlapping(c.0.comm.as_ptr(), out, n) };
+    n as u32
 }
 
 /// How a format's buffer is read.

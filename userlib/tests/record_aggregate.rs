@@ -18,8 +18,8 @@ use hrperf::source::SourceError;
 use hrperf_abi::capture::CHUNK_DATA;
 use hrperf_abi::format::{MODE_OVERFLOW, SAMPLE_OVERFLOW};
 use hrperf_fmt_aggregate::record::{
-    self as agg, EntryRecord, IntervalRecord, IV_FL_INCONSISTENT, IV_FL_NO_KSTACK_SERVICE, IV_FL_NO_USTACK_SERVICE,
-    KEY_IP, KEY_PID_IP, KEY_STACK, REC_ENTRY, REC_INTERVAL,
+    self as agg, EntryRecord, IntervalRecord, IV_FL_INCONSISTENT, KEY_IP, KEY_PID_IP, KEY_STACK,
+    REC_ENTRY, REC_INTERVAL, REC_STACK,
 };
 use hrperf_fmt_aggregate::{AggregateArg, AGG_ARG_FL_NO_AUTO_SWITCH};
 
@@ -245,20 +245,68 @@ fn auto_switch_with_a_slow_reader_postpones_and_conserves() {
     assert!(sum2.aggregate.iter().all(|a| a.intervals > 100 && a.misses == 0), "{:?}", sum2.aggregate);
 }
 
+/// Per CPU: (pid, kernel frames, user frames) → samples.
+type StackCounts = BTreeMap<u32, BTreeMap<(u32, Vec<u64>, Vec<u64>), u64>>;
+
 #[test]
-fn stack_keys_without_a_stack_service_count_per_pid_with_stack_id_0() {
+fn stack_keys_count_exactly_per_pid_and_call_stack() {
     let cfg = sim_cfg(3);
-    let want = truth(&cfg, KEY_STACK);
-    let arg = AggregateArg { key: KEY_STACK, ..AggregateArg::default() };
-    let (sum, ivs) = record_sim(&cfg, &opts(arg, 10_000_000), "stack.data");
-    check_intervals(&ivs, &sum);
-    assert_eq!(counts_by_key(&ivs), want);
-    for (iv, es) in ivs.values().flatten() {
-        assert!(es.iter().all(|e| e.kstack_id == 0 && e.ustack_id == 0 && e.ip == 0));
-        if iv.samples > 0 {
-            assert_ne!(iv.flags & (IV_FL_NO_KSTACK_SERVICE | IV_FL_NO_USTACK_SERVICE), 0);
+    let mut want: StackCounts = BTreeMap::new();
+    for (s, k, u) in SimSource::new(cfg.clone()).unwrap().run_standalone_stacks().unwrap() {
+        if s.kind == SAMPLE_OVERFLOW {
+            *want.entry(s.cpu).or_default().entry((s.pid, k, u)).or_insert(0) += 1;
         }
     }
+    let arg = AggregateArg { key: KEY_STACK, ..AggregateArg::default() };
+    let o = opts(arg, 10_000_000);
+    let path = tmp("stack.data");
+    let mut src = SimSource::new(cfg.clone()).unwrap();
+    let file = std::fs::File::create(&path).unwrap();
+    let sum = record(&mut src, &o, file, &path, &AtomicBool::new(false), &mut |_| {}).unwrap();
+    assert!(sum.stacks > 0 && sum.stacks == sum.samples, "every sample had its stacks: {sum:?}");
+
+    // Stack ids resolve through the stack records of the same CPU and interval.
+    let reader = Reader::open(&path).unwrap();
+    let mut frames: BTreeMap<(u32, u64, u32), Vec<u64>> = BTreeMap::new();
+    let mut entries = Vec::new();
+    let mut intervals: Intervals = BTreeMap::new();
+    for chunk in reader.chunks() {
+        let chunk = chunk.unwrap();
+        if chunk.kind != CHUNK_DATA {
+            continue;
+        }
+        for rec in chunk.records() {
+            let b = rec.unwrap().bytes;
+            let h = agg::header(b).unwrap();
+            if h.kind == REC_STACK {
+                let (st, fr) = agg::parse_stack(b).unwrap();
+                let list = (0..st.depth as usize).map(|i| agg::frame(fr, i).unwrap()).collect();
+                frames.insert((st.cpu, st.seq, st.stack_id), list);
+            } else if h.kind == REC_ENTRY {
+                let e = agg::parse_entry(b).unwrap();
+                entries.push(e);
+                intervals.entry(chunk.cpu).or_default().last_mut().expect("entry after its interval").1.push(e);
+            } else if h.kind == REC_INTERVAL {
+                intervals.entry(chunk.cpu).or_default().push((agg::parse_interval(b).unwrap(), Vec::new()));
+            }
+        }
+    }
+    check_intervals(&intervals, &sum);
+    let resolve = |cpu: u32, seq: u64, id: u32| -> Vec<u64> {
+        if id == 0 {
+            Vec::new()
+        } else {
+            frames.get(&(cpu, seq, id)).cloned().unwrap_or_else(|| panic!("cpu {cpu} interval {seq}: no stack {id}"))
+        }
+    };
+    let mut got: StackCounts = BTreeMap::new();
+    for e in &entries {
+        let key = (e.pid, resolve(e.cpu, e.seq, e.kstack_id), resolve(e.cpu, e.seq, e.ustack_id));
+        *got.entry(e.cpu).or_default().entry(key).or_insert(0) += e.count;
+    }
+    assert_eq!(got, want);
+    let distinct: usize = got.values().map(BTreeMap::len).sum();
+    assert!(distinct >= 6, "several distinct stacks per CPU: {distinct}");
 }
 
 #[test]

@@ -127,6 +127,35 @@ pub const CHUNK_DATA: u32 = 1;
 pub const CHUNK_STATS: u32 = 2;
 /// The recording finished: one [`EndInfo`].
 pub const CHUNK_END: u32 = 3;
+/// What symbolizing the stacks later needs, captured at record time: a [`SymbolsHeader`]
+/// then `len` bytes of UTF-8 text (padded to 8).
+pub const CHUNK_SYMBOLS: u32 = 4;
+
+/// [`SymbolsHeader::kind`]: the text of `/proc/kallsyms` (`addr type name [module]`).
+pub const SYM_KALLSYMS: u32 = 1;
+/// [`SymbolsHeader::kind`]: the text of `/proc/<pid>/maps` of process `pid`.
+pub const SYM_MAPS: u32 = 2;
+/// [`SymbolsHeader::kind`]: the command name of process `pid`.
+pub const SYM_COMM: u32 = 3;
+/// [`SymbolsHeader::kind`]: a symbol table for addresses whose object is not on disk
+/// (the simulator's program, imported stap stacks): lines `start size name [object]`,
+/// hex start and size, absolute addresses of process `pid` (0: of every process).
+pub const SYM_TABLE: u32 = 4;
+
+abi_struct! {
+    /// Start of a [`CHUNK_SYMBOLS`] payload.
+    pub struct SymbolsHeader {
+        /// `SYM_*`; unknown kinds are skipped.
+        pub kind: u32,
+        /// Process the text belongs to (0 if none).
+        pub pid: u32,
+        /// Bytes of text that follow (unpadded).
+        pub len: u32,
+        /// Reserved, zero.
+        pub reserved: u32,
+    }
+}
+assert_layout!(SymbolsHeader, size 16, align 4);
 
 abi_struct! {
     /// Start of every chunk; `size` bytes of payload follow.

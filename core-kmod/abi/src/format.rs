@@ -144,6 +144,9 @@ pub const OVFL_FL_KERNEL_IP: u32 = 1 << 0;
 pub type KernelStackFn = unsafe extern "C" fn(ctx: *mut c_void, out: *mut u64, max: u32) -> u32;
 /// Captures the interrupted task's user stack into `out`; returns frames written.
 pub type UserStackFn = unsafe extern "C" fn(ctx: *mut c_void, out: *mut u64, max: u32) -> u32;
+/// Copies the interrupted task's command name (NUL-padded) into `out[..len]`; returns
+/// the bytes of the name (without NUL).
+pub type CommFn = unsafe extern "C" fn(ctx: *mut c_void, out: *mut u8, len: u32) -> u32;
 
 /// Helpers the core offers a format during `handler`: things a format cannot do itself
 /// in a portable way (stack capture needs the interrupted registers).
@@ -160,8 +163,11 @@ pub struct Services {
     pub kernel_stack: Option<KernelStackFn>,
     /// User stack of the interrupted task, innermost first; `None` if unavailable.
     pub user_stack: Option<UserStackFn>,
+    /// Command name of the interrupted task; `None` if unavailable. Appended in format
+    /// ABI 1.1: read it through [`Services::comm_fn`], which checks `size`.
+    pub comm: Option<CommFn>,
 }
-assert_layout!(Services, size 32, align 8);
+assert_layout!(Services, size 40, align 8);
 
 impl Services {
     /// A table offering no services.
@@ -171,7 +177,20 @@ impl Services {
         ctx: core::ptr::null_mut(),
         kernel_stack: None,
         user_stack: None,
+        comm: None,
     };
+
+    /// Bytes of a table that ends with `kernel_stack` and `user_stack` (format ABI 1.0).
+    pub const V1_SIZE: u32 = 32;
+
+    /// The comm service, if the table is new enough to have it and offers it.
+    pub fn comm_fn(&self) -> Option<CommFn> {
+        if self.size as usize >= core::mem::size_of::<Services>() {
+            self.comm
+        } else {
+            None
+        }
+    }
 }
 
 /// Checks the session and the format's argument bytes; 0 or `-errno`.

@@ -440,6 +440,26 @@ impl<'b, 'a> RingWriter<'b, 'a> {
         size: usize,
         fill: F,
     ) -> Result<(), WriteError> {
+        self.write_upto(kind, size, |p| {
+            fill(p);
+            (size, misc)
+        })
+    }
+
+    /// Writes a record of at most `max_size` bytes whose final size is known only once
+    /// it is filled (a variable-length stack captured straight into the ring): the
+    /// space is reserved for `max_size` (so a record is dropped when `max_size` does not
+    /// fit), `fill` writes up to `max_size - 8` payload bytes and returns the record's
+    /// real `(size, misc)`; `size` is clamped to `8..=max_size` and rounded up to 8.
+    /// Only the real size is published.
+    #[inline]
+    pub fn write_upto<F: FnOnce(&mut [u8]) -> (usize, u16)>(
+        &mut self,
+        kind: RecordType,
+        max_size: usize,
+        fill: F,
+    ) -> Result<(), WriteError> {
+        let size = max_size;
         let size64 = size as u64;
         if size < 8 || size % 8 != 0 || size > MAX_RECORD_SIZE || size64 > self.ring.size {
             self.drop_one();
@@ -486,18 +506,19 @@ impl<'b, 'a> RingWriter<'b, 'a> {
             // SAFETY: see above; 16 bytes fit (placed), 8-aligned.
             unsafe { self.ring.at(at).cast::<LostRecord>().write(rec) };
         }
-        // SAFETY: see above.
-        unsafe { self.ring.put_header(at, kind, misc, size64) };
         // SAFETY: see above; the payload [at + 8, at + size) is inside the data area
         // (placed without crossing its end) and nobody else references it.
         let payload = unsafe { core::slice::from_raw_parts_mut(self.ring.at(at).add(8), size - 8) };
-        fill(payload);
+        let (real, misc) = fill(payload);
+        let real = (real.max(8).min(size).wrapping_add(7) & !7) as u64;
+        // SAFETY: see above.
+        unsafe { self.ring.put_header(at, kind, misc, real) };
 
         if lost > 0 {
             self.buf.atomic(CTRL_LOST).store(0, Ordering::Relaxed);
         }
         self.buf.bump(OFF_RECORDS);
-        self.buf.atomic(OFF_HEAD).store(end, Ordering::Release);
+        self.buf.atomic(OFF_HEAD).store(at + real, Ordering::Release);
         Ok(())
     }
 

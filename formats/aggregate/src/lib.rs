@@ -553,7 +553,7 @@ pub unsafe extern "C" fn aggregate_handler(
     };
     // SAFETY: as above.
     let services = unsafe { services.as_ref() }
-        .filter(|s| s.size as usize >= core::mem::size_of::<Services>());
+        .filter(|s| s.size >= Services::V1_SIZE);
     // SAFETY: the core's buffer, valid for `buf_len` bytes, and we are its producer
     // (the HandlerFn contract).
     match unsafe { Prod::new(buf, buf_len) } {

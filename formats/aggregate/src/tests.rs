@@ -547,6 +547,7 @@ fn services(f: &mut FakeStacks) -> Services {
         ctx: (f as *mut FakeStacks).cast(),
         kernel_stack: Some(fake_kstack),
         user_stack: Some(fake_ustack),
+        comm: None,
     }
 }
 

@@ -337,8 +337,7 @@ pub struct RecordArgs {
     #[arg(long, value_name = "CYCLES", default_value_t = 3, help_heading = "PEBS (--format pebs)")]
     pub pebs_ld_lat: u32,
     /// Aggregate: the key samples are counted under: ip, pid-ip, or stack (pid, kernel
-    /// and user stack ids; the sim and perf sources have no stack service yet, so their
-    /// stack ids are 0) [default: ip].
+    /// and user stack ids, the stacks stored once per interval) [default: ip].
     #[arg(long, value_enum, value_name = "KEY", help_heading = "Aggregate (--format aggregate)")]
     pub agg_key: Option<AggKey>,
     /// Aggregate: hash-table slots per interval, a power of two in 16..=1048576; keys
@@ -349,6 +348,18 @@ pub struct RecordArgs {
     /// also switch on their own when 75% full) [default: 100].
     #[arg(long, value_name = "MS", help_heading = "Aggregate (--format aggregate)")]
     pub agg_interval_ms: Option<u64>,
+    /// Call stacks: kernel frames kept per sample, at most 1024 [default: 64].
+    #[arg(long, value_name = "N", help_heading = "Call stacks (--format llc-stack)")]
+    pub kernel_depth: Option<u16>,
+    /// Call stacks: user frames kept per sample, at most 1024 [default: 127].
+    #[arg(long, value_name = "N", help_heading = "Call stacks (--format llc-stack)")]
+    pub user_depth: Option<u16>,
+    /// Call stacks: do not capture kernel stacks.
+    #[arg(long, help_heading = "Call stacks (--format llc-stack)")]
+    pub no_kernel_stack: bool,
+    /// Call stacks: do not capture user stacks.
+    #[arg(long, conflicts_with = "no_kernel_stack", help_heading = "Call stacks (--format llc-stack)")]
+    pub no_user_stack: bool,
     /// The command to record, after `--`.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,

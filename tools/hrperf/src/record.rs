@@ -15,6 +15,7 @@ use hrperf_abi::format::{MODE_OVERFLOW, MODE_POLL};
 
 use hrperf_fmt_aggregate::record::{KEY_IP, KEY_PID_IP, KEY_STACK};
 use hrperf_fmt_aggregate::AggregateArg;
+use hrperf_fmt_llc_stack::{LlcStackArg, ARG_NO_KERNEL_STACK, ARG_NO_USER_STACK, LLC_STACK_ARG_SIZE, LLC_STACK_NAME, MAX_DEPTH};
 
 use crate::args::{parse_duration_ns, parse_size, AggKey, RecordArgs, SourceKind, WorkloadKind};
 use crate::{CliError, CliResult};
@@ -23,6 +24,10 @@ use crate::{CliError, CliResult};
 const DEFAULT_POLL_US: u64 = 1000;
 /// Default sampling period of the PEBS counter (sim source, `--format pebs`).
 const DEFAULT_PEBS_PERIOD: u64 = 10_000;
+/// Default sampling period of the trigger event (sim source, `--format llc-stack`).
+const DEFAULT_STACK_PERIOD: u64 = 5000;
+/// Default sampling frequency (perf source, `--format llc-stack`).
+const DEFAULT_STACK_FREQ: u64 = 999;
 /// Set by SIGINT/SIGTERM: finish the capture cleanly instead of dying.
 pub(crate) static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -74,6 +79,14 @@ pub fn run(a: RecordArgs) -> CliResult {
             "--agg-* options are not supported with --source kmod yet; use --source sim or --source perf".into(),
         ));
     }
+    let stack_options = a.kernel_depth.is_some() || a.user_depth.is_some() || a.no_kernel_stack || a.no_user_stack;
+    if a.format == LLC_STACK_NAME {
+        opts.format_arg = llc_stack_arg(&a)?.to_bytes().to_vec();
+    } else if stack_options {
+        return Err(CliError(
+            "--kernel-depth, --user-depth, --no-kernel-stack and --no-user-stack need --format llc-stack".into(),
+        ));
+    }
     let pebs = format_needs_pebs(&a.format);
     if pebs && source_kind == SourceKind::Perf {
         return Err(CliError(format!(
@@ -103,6 +116,10 @@ pub fn run(a: RecordArgs) -> CliResult {
                 (Some(0), _, _) | (_, Some(0), _) | (_, _, Some(0)) => {
                     return Err(CliError("-c, -F and --poll-us take a positive number".into()))
                 }
+                (_, _, Some(_)) if a.format == LLC_STACK_NAME => {
+                    return Err(CliError("call stacks are taken on counter overflow: use -c PERIOD or -F FREQ, not --poll-us".into()))
+                }
+                (None, None, None) if a.format == LLC_STACK_NAME => Sampling::Freq(DEFAULT_STACK_FREQ),
                 (Some(p), _, _) => Sampling::Period(p),
                 (_, Some(f), _) => Sampling::Freq(f),
                 (_, _, p) => Sampling::Poll { interval_ns: p.unwrap_or(DEFAULT_POLL_US).saturating_mul(1000) },
@@ -147,15 +164,7 @@ fn aggregate_arg(a: &RecordArgs) -> Result<(AggregateArg, u64), CliError> {
     let key = match a.agg_key.unwrap_or(AggKey::Ip) {
         AggKey::Ip => KEY_IP,
         AggKey::PidIp => KEY_PID_IP,
-        AggKey::Stack => {
-            if !a.quiet {
-                eprintln!(
-                    "hrperf: note: --agg-key stack: the {} source has no stack service yet, so every kernel and user stack id is 0 (keys are per pid)",
-                    if a.source == SourceKind::Sim { "sim" } else { "perf" }
-                );
-            }
-            KEY_STACK
-        }
+        AggKey::Stack => KEY_STACK,
     };
     let slots = a.agg_slots.unwrap_or(0);
     if a.agg_slots.is_some() && !(slots.is_power_of_two() && (16..=1 << 20).contains(&slots)) {
@@ -167,6 +176,31 @@ fn aggregate_arg(a: &RecordArgs) -> Result<(AggregateArg, u64), CliError> {
         None => 0,
     };
     Ok((AggregateArg { key, slots, ..AggregateArg::default() }, interval_ns))
+}
+
+/// The call-stack format's argument from `--kernel-depth`, `--user-depth` and
+/// `--no-{kernel,user}-stack`.
+pub(crate) fn llc_stack_arg(a: &RecordArgs) -> Result<LlcStackArg, CliError> {
+    for (flag, v) in [("--kernel-depth", a.kernel_depth), ("--user-depth", a.user_depth)] {
+        if let Some(d) = v.filter(|&d| d == 0 || d > MAX_DEPTH) {
+            return Err(CliError(format!("{flag} {d}: give a depth in 1..={MAX_DEPTH}")));
+        }
+    }
+    let mut flags = 0;
+    if a.no_kernel_stack {
+        flags |= ARG_NO_KERNEL_STACK;
+    }
+    if a.no_user_stack {
+        flags |= ARG_NO_USER_STACK;
+    }
+    Ok(LlcStackArg {
+        size: LLC_STACK_ARG_SIZE as u32,
+        flags,
+        data_size: 0,
+        max_kernel: a.kernel_depth.unwrap_or(0),
+        max_user: a.user_depth.unwrap_or(0),
+        reserved: 0,
+    })
 }
 
 /// The live progress line on stderr (a terminal).
@@ -192,7 +226,14 @@ fn sim_config(a: &RecordArgs, duration_ns: Option<u64>) -> Result<SimConfig, Cli
         return Err(CliError("the sim source simulates --sim-cpus CPUs; -a and -C do not apply".into()));
     }
     let pebs = format_needs_pebs(&a.format);
-    let default_events = if pebs { "loads" } else { "cycles,instructions,llc-misses" };
+    let stacks = a.format == LLC_STACK_NAME;
+    let default_events = if pebs {
+        "loads"
+    } else if stacks {
+        "llc-misses,cycles,instructions"
+    } else {
+        "cycles,instructions,llc-misses"
+    };
     let events = sim::parse_events(a.events.as_deref().unwrap_or(default_events))?;
     let mut cfg = SimConfig::new(events);
     cfg.seed = a.seed;
@@ -223,10 +264,17 @@ fn sim_config(a: &RecordArgs, duration_ns: Option<u64>) -> Result<SimConfig, Cli
         cfg.period = a.period.unwrap_or(DEFAULT_PEBS_PERIOD);
         return Ok(cfg);
     }
+    if stacks && a.poll_us.is_some() {
+        return Err(CliError("call stacks are taken on counter overflow: use -c PERIOD, not --poll-us".into()));
+    }
     match (a.period, a.poll_us) {
         (Some(p), _) => {
             cfg.mode = MODE_OVERFLOW;
             cfg.period = p;
+        }
+        (None, _) if stacks => {
+            cfg.mode = MODE_OVERFLOW;
+            cfg.period = DEFAULT_STACK_PERIOD;
         }
         (None, p) => {
             cfg.mode = MODE_POLL;
@@ -268,6 +316,12 @@ pub(crate) fn print_summary(path: &Path, s: &RecordSummary) {
             sum(|c| c.misses),
             sum(|c| c.switch_waits)
         );
+    }
+    if s.stacks > 0 {
+        eprintln!("[hrperf] call stacks: {} samples with stacks", s.stacks);
+    }
+    for note in &s.notes {
+        eprintln!("[hrperf] note: {note}");
     }
     if s.drops > 0 {
         eprintln!(

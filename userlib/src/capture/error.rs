@@ -305,6 +305,12 @@ pub enum ChunkProblem {
         /// Payload size.
         size: u64,
     },
+    /// A symbols chunk's payload is shorter than its header or the text it declares.
+    #[error("symbols payload of {size} bytes is shorter than its header or its declared text")]
+    Symbols {
+        /// Payload size.
+        size: u64,
+    },
     /// An end chunk's payload is too short for `EndInfo`.
     #[error("end payload of {size} bytes is shorter than EndInfo (32 bytes)")]
     End {

@@ -7,7 +7,7 @@ use std::mem::offset_of;
 use std::path::{Path, PathBuf};
 
 use hrperf_abi::capture::{
-    ChunkHeader, EndInfo, FileHeader, Section, BYTE_ORDER_MARK, CHUNK_DATA, CHUNK_END, CHUNK_MAGIC,
+    ChunkHeader, EndInfo, FileHeader, Section, SymbolsHeader, CHUNK_SYMBOLS, BYTE_ORDER_MARK, CHUNK_DATA, CHUNK_END, CHUNK_MAGIC,
     CHUNK_STATS, FILE_MAGIC, FILE_VERSION, SECTION_COMMAND, SECTION_CPUS, SECTION_CPU_MODEL,
     SECTION_EVENT, SECTION_FORMAT_ARG, SECTION_HOSTNAME, SECTION_KERNEL, SECTION_SIM_CONFIG,
 };
@@ -214,6 +214,15 @@ impl<'a> Chunk<'a> {
             .filter_map(|c| CpuStats::read_from_bytes(c).ok())
     }
 
+    /// A SYMBOLS chunk's `(kind, pid, text)` (`None` for other kinds).
+    pub fn symbols(&self) -> Option<(u32, u32, &'a [u8])> {
+        if self.kind != CHUNK_SYMBOLS {
+            return None;
+        }
+        let (h, rest) = SymbolsHeader::read_from_prefix(self.payload).ok()?;
+        Some((h.kind, h.pid, rest.get(..h.len as usize)?))
+    }
+
     /// The end information of an END chunk.
     pub fn end_info(&self) -> Option<EndInfo> {
         if self.kind != CHUNK_END {
@@ -329,7 +338,7 @@ impl<'a> Iterator for Chunks<'a> {
                 },
             );
         }
-        if matches!(h.kind, CHUNK_STATS | CHUNK_END) && h.records != 0 {
+        if matches!(h.kind, CHUNK_STATS | CHUNK_END | CHUNK_SYMBOLS) && h.records != 0 {
             return self.bad(
                 pos,
                 ChunkProblem::RecordCount {
@@ -344,6 +353,10 @@ impl<'a> Iterator for Chunks<'a> {
                 return self.bad(pos, ChunkProblem::Stats { size: h.size });
             }
             CHUNK_STATS => {}
+            CHUNK_SYMBOLS => match SymbolsHeader::read_from_prefix(payload) {
+                Ok((s, rest)) if s.len as usize <= rest.len() => {}
+                _ => return self.bad(pos, ChunkProblem::Symbols { size: h.size }),
+            },
             CHUNK_END => match EndInfo::read_from_prefix(payload) {
                 Ok((e, _)) => self.end = Some(e),
                 Err(_) => return self.bad(pos, ChunkProblem::End { size: h.size }),

@@ -5,7 +5,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use hrperf_abi::capture::{
-    ChunkHeader, EndInfo, FileHeader, Section, BYTE_ORDER_MARK, CHUNK_DATA, CHUNK_END, CHUNK_MAGIC,
+    ChunkHeader, EndInfo, FileHeader, Section, SymbolsHeader, CHUNK_SYMBOLS, BYTE_ORDER_MARK, CHUNK_DATA, CHUNK_END, CHUNK_MAGIC,
     CHUNK_STATS, FILE_MAGIC, FILE_VERSION, SECTION_COMMAND, SECTION_CPUS, SECTION_CPU_MODEL,
     SECTION_EVENT, SECTION_FORMAT_ARG, SECTION_HOSTNAME, SECTION_KERNEL, SECTION_SIM_CONFIG,
 };
@@ -137,6 +137,20 @@ impl<W: Write> Writer<W> {
     /// CPU.
     pub fn write_stats(&mut self, stats: &[CpuStats]) -> Result<(), CaptureError> {
         self.chunk(CHUNK_STATS, u32::MAX, stats.as_bytes(), 0, "write stats")
+    }
+
+    /// Appends a SYMBOLS chunk: `text` of kind `SYM_*` for process `pid` (see
+    /// [`hrperf_abi::capture::CHUNK_SYMBOLS`]).
+    pub fn write_symbols(&mut self, kind: u32, pid: u32, text: &[u8]) -> Result<(), CaptureError> {
+        let len = u32::try_from(text.len()).map_err(|_| CaptureError::InvalidInput {
+            problem: format!("symbol text of {} bytes is larger than 4 GiB", text.len()),
+        })?;
+        let header = SymbolsHeader { kind, pid, len, reserved: 0 };
+        let mut payload = Vec::with_capacity(16 + text.len() + 8);
+        payload.extend_from_slice(header.as_bytes());
+        payload.extend_from_slice(text);
+        payload.resize(payload.len().next_multiple_of(8), 0);
+        self.chunk(CHUNK_SYMBOLS, u32::MAX, &payload, 0, "write symbols")
     }
 
     /// Writes the END chunk, flushes, and returns the underlying writer.

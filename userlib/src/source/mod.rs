@@ -27,6 +27,30 @@ pub struct EventSpec {
     pub desc: EventDesc,
 }
 
+/// The call stacks a source captured with one sample (for stack formats, which get them
+/// through the engine's [`hrperf_abi::Services`] as they would from hrperf-core).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SampleStack<'a> {
+    /// Kernel frames, innermost first (the first is the IP of a kernel sample).
+    pub kernel: &'a [u64],
+    /// User frames, innermost first (the first is the user IP).
+    pub user: &'a [u64],
+    /// The task's command name, if the source knows it (empty otherwise).
+    pub comm: &'a [u8],
+}
+
+/// Text a source gathered for symbolizing its stacks later, written to the capture as a
+/// `CHUNK_SYMBOLS` (see `hrperf_abi::capture::SYM_*`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SymbolText {
+    /// `hrperf_abi::capture::SYM_*`.
+    pub kind: u32,
+    /// Process the text belongs to (0: none / every process).
+    pub pid: u32,
+    /// The text.
+    pub text: Vec<u8>,
+}
+
 /// What a source tells the recorder before the first sample.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SourceInfo {
@@ -146,6 +170,27 @@ pub trait Source {
     /// values start from). perf counters start at zero.
     fn start_values(&self, _cpu: u32) -> [u64; MAX_COUNTERS] {
         [0; MAX_COUNTERS]
+    }
+    /// Whether the source can deliver call stacks with its samples ([`Source::stack`]);
+    /// it is told before `start` with [`Source::want_stacks`].
+    fn has_stacks(&self) -> bool {
+        false
+    }
+    /// Asks for call stacks with every overflow sample (a stack format is recorded).
+    /// Called before [`start`](Self::start); sources without stacks ignore it.
+    fn want_stacks(&mut self, _kernel: bool, _user: bool) -> Result<(), SourceError> {
+        Ok(())
+    }
+    /// The stacks captured with sample `index` of the samples the last
+    /// [`next`](Self::next) call appended (0 = the first it appended); `None` if the
+    /// source has none for it.
+    fn stack(&self, _index: usize) -> Option<SampleStack<'_>> {
+        None
+    }
+    /// Symbol text the source itself knows (the simulator's kernel and program symbol
+    /// tables); the recorder adds `/proc` snapshots for real sources.
+    fn symbols(&self) -> Vec<SymbolText> {
+        Vec::new()
     }
     /// Asks the source to stop early (Ctrl-C, `--duration`): counting stops, and the
     /// following [`next`](Self::next) calls deliver what is still buffered (and a final

@@ -16,10 +16,14 @@
 //! is delivered as a sample (large PEBS); `CTRL_MASK` disables PEBS on that CPU until
 //! the reader restarts it.
 //!
+//! With stacks asked for (a stack format is recorded), every overflow sample carries
+//! the call stacks of a simulated program and kernel ([`stacks`]), with their symbols.
+//!
 //! Everything is integer arithmetic on a seeded splitmix64 generator: the same
 //! configuration gives the same samples, bit for bit, on any machine.
 
 pub mod pebs;
+pub mod stacks;
 
 use std::time::Duration;
 
@@ -370,6 +374,11 @@ struct SimCpu {
     read_at: Option<u64>,
     /// The counter write of the last re-arm, not yet reported to the engine.
     written: Option<(usize, u64)>,
+    /// Overflow samples given a stack so far (the steady schedule's position).
+    stack_seq: u64,
+    /// Draws the phases workload's paths (apart from `rng`, so that asking for stacks
+    /// changes nothing else).
+    stack_rng: Rng,
 }
 
 /// The simulated PMU and workload for every CPU.
@@ -383,6 +392,10 @@ pub struct SimSource {
     started: bool,
     interrupts: u64,
     pebs: Option<PebsPmu>,
+    /// The call paths, once stacks are asked for.
+    stacks: Option<stacks::StackTable>,
+    /// Path of each sample the current `next` call appended (`None`: no stack).
+    batch_paths: Vec<Option<u8>>,
 }
 
 impl SimSource {
@@ -415,6 +428,8 @@ impl SimSource {
                     truth: [0; MAX_COUNTERS],
                     read_at: None,
                     written: None,
+                    stack_seq: 0,
+                    stack_rng: Rng(cfg.seed ^ 0x57ac_5eed ^ u64::from(cpu) << 32),
                 }
             })
             .collect();
@@ -434,7 +449,18 @@ impl SimSource {
             start_time_ns: 0,
         };
         let pebs = cfg.pebs.map(|p| PebsPmu::new(p, cfg.cpus, cfg.width));
-        Ok(SimSource { next_poll_ns: cfg.poll_interval_ns, cfg, info, cpus, now_ns: 0, started: false, interrupts: 0, pebs })
+        Ok(SimSource {
+            next_poll_ns: cfg.poll_interval_ns,
+            cfg,
+            info,
+            cpus,
+            now_ns: 0,
+            started: false,
+            interrupts: 0,
+            pebs,
+            stacks: None,
+            batch_paths: Vec::new(),
+        })
     }
 
     /// Ground truth: every event each CPU counted so far, 64-bit, in event order.
@@ -523,6 +549,7 @@ impl SimSource {
                     // free-running count (reloads × period + progress), so the engine's
                     // 64-bit value is the true count.
                     raw[0] = arm_value(width, self.cfg.period).wrapping_add(cpu.truth[0]) & mask;
+                    self.batch_paths.push(None);
                     out.push(RawSample {
                         cpu: cpu.cpu,
                         kind: SAMPLE_OVERFLOW,
@@ -543,7 +570,24 @@ impl SimSource {
                 self.interrupts += 1;
                 raised = true;
                 let tid = 1000 + cpu.cpu * 4 + cpu.thread;
-                let ip = phase.ip_base + (cpu.rng.below(phase.ip_span) & !3);
+                let mut ip = phase.ip_base + (cpu.rng.below(phase.ip_span) & !3);
+                let mut kernel_ip = phase.kernel;
+                let path = self.stacks.as_ref().map(|table| {
+                    let path = if workload == Workload::Steady {
+                        stacks::SCHEDULE[(cpu.stack_seq % stacks::SCHEDULE.len() as u64) as usize]
+                    } else if phase.kernel && phase.busy_permille == 0 {
+                        stacks::IDLE_PATHS[0]
+                    } else if phase.kernel {
+                        stacks::KERNEL_PATHS[cpu.stack_rng.below(stacks::KERNEL_PATHS.len() as u64) as usize]
+                    } else {
+                        stacks::USER_PATHS[cpu.stack_rng.below(stacks::USER_PATHS.len() as u64) as usize]
+                    };
+                    cpu.stack_seq += 1;
+                    ip = table.ip(usize::from(path));
+                    kernel_ip = table.is_kernel(usize::from(path));
+                    path
+                });
+                self.batch_paths.push(path);
                 out.push(RawSample {
                     cpu: cpu.cpu,
                     kind: SAMPLE_OVERFLOW,
@@ -551,7 +595,7 @@ impl SimSource {
                     tid: if phase.kernel && phase.busy_permille == 0 { 0 } else { tid },
                     time_ns: self.now_ns,
                     ip,
-                    kernel_ip: phase.kernel,
+                    kernel_ip,
                     addr: 0,
                     ovfl_counter: 0,
                     nr: nr as u32,
@@ -645,6 +689,8 @@ impl Source for SimSource {
         if !self.started {
             return Err(SourceError::Config("sim source used before start".into()));
         }
+        self.batch_paths.clear();
+        let base = out.len();
         // Return after each interrupt (so the handler's control bits are applied before
         // the next step, as on hardware), or after 1 ms of virtual time.
         let batch_end = (self.now_ns + 1_000_000).min(self.cfg.duration_ns);
@@ -659,6 +705,8 @@ impl Source for SimSource {
                     self.next_poll_ns += self.cfg.poll_interval_ns;
                 }
                 self.take_polls(out);
+                // Poll samples carry no stack.
+                self.batch_paths.resize(out.len() - base, None);
             }
             if raised {
                 return Ok(Progress::Running);
@@ -687,6 +735,29 @@ impl Source for SimSource {
                 Some(pmu) => pmu.mask(cpu),
                 None => c.masked = true,
             }
+        }
+    }
+
+    fn has_stacks(&self) -> bool {
+        true
+    }
+
+    fn want_stacks(&mut self, _kernel: bool, _user: bool) -> Result<(), SourceError> {
+        // Both stacks are always simulated; the format drops what it was told to skip.
+        self.stacks = Some(stacks::StackTable::new());
+        Ok(())
+    }
+
+    fn stack(&self, index: usize) -> Option<crate::source::SampleStack<'_>> {
+        let path = (*self.batch_paths.get(index)?)?;
+        self.stacks.as_ref()?.stack(usize::from(path))
+    }
+
+    fn symbols(&self) -> Vec<crate::source::SymbolText> {
+        if self.stacks.is_some() {
+            stacks::symbols()
+        } else {
+            Vec::new()
         }
     }
 
@@ -723,6 +794,32 @@ impl SimSource {
             let from = all.len();
             let progress = self.next(&mut all, Duration::ZERO)?;
             for s in &all[from..] {
+                if s.kind == SAMPLE_OVERFLOW {
+                    self.control(s.cpu, CTRL_RESET);
+                }
+            }
+            if progress == Progress::Finished {
+                return Ok(all);
+            }
+        }
+    }
+
+    /// Like [`run_standalone`](Self::run_standalone) with stacks asked for: every
+    /// sample with the kernel and user stacks it carries (empty when it has none).
+    #[allow(clippy::type_complexity)]
+    pub fn run_standalone_stacks(&mut self) -> Result<Vec<(RawSample, Vec<u64>, Vec<u64>)>, SourceError> {
+        self.want_stacks(true, true)?;
+        self.start()?;
+        let mut all = Vec::new();
+        let mut batch = Vec::new();
+        loop {
+            batch.clear();
+            let progress = self.next(&mut batch, Duration::ZERO)?;
+            for (j, s) in batch.iter().enumerate() {
+                let st = self.stack(j).unwrap_or_default();
+                all.push((*s, st.kernel.to_vec(), st.user.to_vec()));
+            }
+            for s in &batch {
                 if s.kind == SAMPLE_OVERFLOW {
                     self.control(s.cpu, CTRL_RESET);
                 }
