@@ -767,7 +767,7 @@ fn drain<W: Write>(slot: &mut CpuSlot, kind: BufKind<'_>, writer: &mut Writer<W>
     if let Some(pmu) = pebs {
         let masked = slot.session.is_masked() || pmu.is_masked(cpu);
         let mut buf = Buffer::from_words(&mut slot.words).map_err(engine("buffer"))?;
-        let st = hrperf_fmt_pebs::assist::drain(&buf, cpu, pmu.record_flags(), |rec| {
+        let st = hrperf_fmt_pebs::assist::drain(&buf, cpu, pmu.record_flags(), Some(pmu.tsc_clock()), |rec| {
             chunk.extend_from_slice(rec);
             n += 1;
         })

@@ -18,7 +18,7 @@ use hrperf_abi::capture::CHUNK_DATA;
 use hrperf_abi::format::MODE_OVERFLOW;
 use hrperf_fmt_pebs::datasrc::{MemAccess, MemLevel};
 use hrperf_fmt_pebs::layout::{self, Layout, DATACFG_GP, DATACFG_MEMINFO, DATACFG_XMMS};
-use hrperf_fmt_pebs::record::{parse, FL_SIMULATED};
+use hrperf_fmt_pebs::record::{parse, FL_SIMULATED, FL_TIME};
 
 fn tmp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("hrperf-pebs-test-{}", std::process::id()));
@@ -97,7 +97,15 @@ fn check_layout(layout: Layout, data_cfg: u64) -> u64 {
             let mut hw = vec![0u8; size as usize];
             layout::encode(layout, data_cfg, &g.sample, &mut hw).unwrap();
             assert_eq!(c.pebs.bytes, &hw[..], "{layout:?} {data_cfg:#x} cpu {} record {i}", p.cpu);
-            assert_eq!((c.prefix.cpu, c.prefix.pebs_format, c.prefix.flags), (p.cpu, pcfg.pebs_format(), FL_SIMULATED));
+            // Layouts with a TSC (Skylake, adaptive) carry the sample time in the
+            // capture clock: the simulated TSC runs at 3 GHz from time 0.
+            let timed = matches!(layout, Layout::Skylake | Layout::Adaptive);
+            let flags = FL_SIMULATED | if timed { FL_TIME } else { 0 };
+            assert_eq!((c.prefix.cpu, c.prefix.pebs_format, c.prefix.flags), (p.cpu, pcfg.pebs_format(), flags));
+            assert_eq!(c.prefix.time_ns, if timed { g.sample.tsc / 3 } else { 0 });
+            if timed {
+                assert_eq!(c.prefix.time_ns, g.time_ns, "{layout:?} cpu {} record {i}", p.cpu);
+            }
         }
         // Zero copy, and every record accounted for by threshold PMIs and restarts.
         let h = p.header;

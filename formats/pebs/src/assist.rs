@@ -212,18 +212,52 @@ pub struct DrainStats {
     pub undecodable: u64,
 }
 
+/// Converts a record's TSC into the capture's clock: `time_ns = time_base +
+/// (tsc - tsc_base) * 10^9 / tsc_hz` (the TSC is invariant on every PEBS-capable CPU).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TscClock {
+    /// TSC frequency in Hz (non-zero).
+    pub tsc_hz: u64,
+    /// A TSC value…
+    pub tsc_base: u64,
+    /// …and the capture-clock time it corresponds to.
+    pub time_base: u64,
+}
+
+impl TscClock {
+    /// The capture-clock time of `tsc` (saturating; `None` without a frequency).
+    pub fn ns(&self, tsc: u64) -> Option<u64> {
+        if self.tsc_hz == 0 {
+            return None;
+        }
+        let delta = u128::from(tsc.wrapping_sub(self.tsc_base)) * 1_000_000_000 / u128::from(self.tsc_hz);
+        Some(self.time_base.saturating_add(u64::try_from(delta).unwrap_or(u64::MAX)))
+    }
+}
+
 /// Wraps every record of `buf`'s view into a capture record (prefix: `cpu`, the
 /// buffer's format word and data-source kind, `flags`) and hands each to `emit`. The
 /// records are read in place; the wrapped copy is built in a stack buffer of
-/// [`MAX_CAPTURE_RECORD`] bytes (userspace only: the kernel never drains).
-pub fn drain<F: FnMut(&[u8])>(buf: &Buffer<'_>, cpu: u32, flags: u32, mut emit: F) -> Result<DrainStats, AssistError> {
+/// [`MAX_CAPTURE_RECORD`] bytes (userspace only: the kernel never drains). With a
+/// `clock`, records whose layout has a TSC (fmt3, adaptive) get `time_ns` and `FL_TIME`.
+pub fn drain<F: FnMut(&[u8])>(
+    buf: &Buffer<'_>,
+    cpu: u32,
+    flags: u32,
+    clock: Option<TscClock>,
+    mut emit: F,
+) -> Result<DrainStats, AssistError> {
     let v = view(buf)?;
-    let prefix = Prefix { cpu, pebs_format: v.pebs_format, dsrc_kind: v.dsrc_kind as u8, flags, time_ns: 0 };
+    let base = Prefix { cpu, pebs_format: v.pebs_format, dsrc_kind: v.dsrc_kind as u8, flags, time_ns: 0 };
     let mut out = [0u8; MAX_CAPTURE_RECORD];
     let mut st = DrainStats::default();
     let mut consumed = 0usize;
     for r in v.records() {
         let Ok(r) = r else { break };
+        let prefix = match clock.zip(r.tsc).and_then(|(c, tsc)| c.ns(tsc)) {
+            Some(t) => Prefix { time_ns: t, flags: flags | record::FL_TIME, ..base },
+            None => base,
+        };
         let n = record::wrap(v.layout, &prefix, r.bytes, &mut out).map_err(|_| AssistError::Corrupt)?;
         emit(out.get(..n).unwrap_or(&[]));
         st.records += 1;

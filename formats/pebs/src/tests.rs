@@ -485,7 +485,7 @@ impl Rig {
     fn drain(&mut self) -> Vec<Vec<u8>> {
         let b = self.buf();
         let mut out = vec![];
-        let st = assist::drain(&b, 3, FL_SIMULATED, |r| out.push(r.to_vec())).unwrap();
+        let st = assist::drain(&b, 3, FL_SIMULATED, None, |r| out.push(r.to_vec())).unwrap();
         assert_eq!((st.records as usize, st.undecodable), (out.len(), 0));
         out
     }
@@ -660,4 +660,15 @@ fn assist_refuses_foreign_buffers() {
     assert!(format::store_index(&b, base + 3));
     assert_eq!(assist::assist(&mut b, Counter::Gp(0), &sample()), Err(assist::AssistError::Corrupt));
     assert_eq!(format::handle(&b), 0, "below the threshold: nothing to do");
+}
+
+#[test]
+fn tsc_clock_converts_exactly_and_never_overflows() {
+    let c = assist::TscClock { tsc_hz: 3_000_000_000, tsc_base: 300, time_base: 1_000 };
+    assert_eq!(c.ns(300), Some(1_000));
+    assert_eq!(c.ns(3_000_000_300), Some(1_000_001_000));
+    assert_eq!(c.ns(u64::MAX), Some(1_000 + ((u64::MAX - 300) as u128 * 1_000_000_000 / 3_000_000_000) as u64));
+    let huge = assist::TscClock { tsc_hz: 1, tsc_base: 0, time_base: u64::MAX - 5 };
+    assert_eq!(huge.ns(u64::MAX), Some(u64::MAX));
+    assert_eq!(assist::TscClock { tsc_hz: 0, ..c }.ns(5), None);
 }

@@ -441,6 +441,12 @@ impl PebsPmu {
         FL_SIMULATED
     }
 
+    /// How this PMU's record TSCs map to the capture clock: the simulated TSC runs at
+    /// the core clock from 0 at time 0.
+    pub fn tsc_clock(&self) -> hrperf_fmt_pebs::assist::TscClock {
+        hrperf_fmt_pebs::assist::TscClock { tsc_hz: CORE_MHZ * 1_000_000, tsc_base: 0, time_base: 0 }
+    }
+
     /// Hands `cpu`'s buffer to the PMU (its DS area is live while the source runs).
     pub fn lend(&self, cpu: u32, words: Vec<u64>) {
         if let Some(b) = self.lock().buffers.get_mut(cpu as usize) {
