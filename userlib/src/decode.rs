@@ -1009,6 +1009,7 @@ pub fn write_info(reader: &Reader, scan: &Scan, out: &mut dyn Write) -> io::Resu
         let name = match RecordType(ty) {
             RecordType::LOST => "lost".to_owned(),
             RecordType::DELTA => "delta".to_owned(),
+            RecordType::STACK_BASE => "stack".to_owned(),
             _ => format!("{ty:#x}"),
         };
         write!(
@@ -1019,6 +1020,19 @@ pub fn write_info(reader: &Reader, scan: &Scan, out: &mut dyn Write) -> io::Resu
         first = false;
     }
     writeln!(out)?;
+    if !scan.symbols.is_empty() {
+        let mut parts = Vec::new();
+        for (&kind, &(chunks, bytes, pids)) in &scan.symbols {
+            parts.push(match kind {
+                hrperf_abi::capture::SYM_KALLSYMS => format!("kallsyms ({bytes} bytes)"),
+                hrperf_abi::capture::SYM_MAPS => format!("maps of {pids} processes ({chunks} snapshots)"),
+                hrperf_abi::capture::SYM_COMM => format!("{chunks} command names"),
+                hrperf_abi::capture::SYM_TABLE => format!("{chunks} symbol tables"),
+                k => format!("{chunks} of unknown kind {k}"),
+            });
+        }
+        writeln!(out, "symbols:       {}", parts.join(", "))?;
+    }
     writeln!(
         out,
         "dropped:       {} (LOST records: {}, lost in them: {})",

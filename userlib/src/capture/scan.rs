@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use hrperf_abi::capture::{EndInfo, CHUNK_DATA, CHUNK_STATS};
+use hrperf_abi::capture::{EndInfo, CHUNK_DATA, CHUNK_STATS, CHUNK_SYMBOLS};
 use hrperf_abi::ioctl::CpuStats;
 use hrperf_abi::RecordType;
 
@@ -66,6 +66,8 @@ pub struct Scan {
     pub cpus: Vec<CpuSummary>,
     /// Records per type (`PAD` excluded), over all CPUs.
     pub record_types: BTreeMap<u32, u64>,
+    /// SYMBOLS chunks per `SYM_*` kind: (chunks, text bytes, distinct pids).
+    pub symbols: BTreeMap<u32, (u64, u64, u64)>,
     /// The END chunk's information, if the recording finished.
     pub end: Option<EndInfo>,
     /// Header, metadata and chunk warnings.
@@ -126,6 +128,7 @@ impl Reader {
             warnings: self.warnings().to_vec(),
             ..Scan::default()
         };
+        let mut symbol_pids = std::collections::HashSet::new();
         let mut cpus: BTreeMap<u32, CpuSummary> = self
             .meta()
             .cpus
@@ -182,6 +185,16 @@ impl Reader {
                                 });
                                 break 'chunks;
                             }
+                        }
+                    }
+                }
+                CHUNK_SYMBOLS => {
+                    if let Some((kind, pid, text)) = chunk.symbols() {
+                        let e = scan.symbols.entry(kind).or_default();
+                        e.0 += 1;
+                        e.1 += text.len() as u64;
+                        if pid != 0 && symbol_pids.insert((kind, pid)) {
+                            e.2 += 1;
                         }
                     }
                 }
