@@ -138,8 +138,9 @@ pub const SYM_MAPS: u32 = 2;
 /// [`SymbolsHeader::kind`]: the command name of process `pid`.
 pub const SYM_COMM: u32 = 3;
 /// [`SymbolsHeader::kind`]: a symbol table for addresses whose object is not on disk
-/// (the simulator's program, imported stap stacks): lines `start size name [object]`,
-/// hex start and size, absolute addresses of process `pid` (0: of every process).
+/// (the simulator's program, imported stap stacks): lines `start size name [object]`
+/// (hex start and size; the object name in brackets is optional), absolute addresses of
+/// process `pid` (0: of every process).
 pub const SYM_TABLE: u32 = 4;
 
 abi_struct! {

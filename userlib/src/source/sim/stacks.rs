@@ -112,10 +112,10 @@ fn lookup(name: &str) -> Option<&'static Func> {
     USER_FUNCS.iter().chain(KERNEL_FUNCS).find(|f| f.name == name)
 }
 
-/// Address of a frame of `name`: the leaf at +0x10 (where the sample hit), callers at
-/// +0x40 (the return address after their call).
+/// Address of a frame of `name`: the leaf at +0x10 (where the sample hit), callers in
+/// their middle (the return address after their call).
 fn frame(name: &str, leaf: bool) -> u64 {
-    lookup(name).map_or(0, |f| f.start + if leaf { 0x10 } else { 0x40 })
+    lookup(name).map_or(0, |f| f.start + if leaf { 0x10 } else { f.size / 2 })
 }
 
 /// The paths as addresses, built once per source.
@@ -174,7 +174,7 @@ pub fn symbols() -> Vec<SymbolText> {
     }
     let mut table = String::new();
     for f in USER_FUNCS {
-        table.push_str(&format!("{:x} {:x} {} {}\n", f.start, f.size, f.name, f.object));
+        table.push_str(&format!("{:x} {:x} {} [{}]\n", f.start, f.size, f.name, f.object));
     }
     vec![
         SymbolText { kind: SYM_KALLSYMS, pid: 0, text: kallsyms.into_bytes() },
@@ -202,6 +202,14 @@ mod tests {
         }
         assert!(SCHEDULE.iter().all(|&p| (p as usize) < PATHS.len()));
         assert!(t.stack(PATHS.len()).is_none());
+        // Every frame lies inside its own function.
+        for (i, p) in PATHS.iter().enumerate() {
+            let s = t.stack(i).unwrap();
+            for (name, addr) in p.kernel.iter().zip(s.kernel).chain(p.user.iter().zip(s.user)) {
+                let f = lookup(name).unwrap();
+                assert!((f.start..f.start + f.size).contains(addr), "{name}: {addr:#x}");
+            }
+        }
     }
 
     #[test]
