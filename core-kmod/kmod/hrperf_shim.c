@@ -14,6 +14,8 @@
  *   - cross-CPU calls, the poll kthread, local_clock(), vmalloc + vm_insert_page
  *   - try_module_get/module_put on a format's owner, EXPORT_SYMBOL_GPL of the
  *     format registration functions (implemented in Rust)
+ *   - stack services for FMT_FL_STACKS formats: the kernel unwinder (x86-64), the user
+ *     registers (task_pt_regs, user_mode are arch macros/inlines), current->comm
  */
 
 #include <linux/cdev.h>
@@ -34,6 +36,7 @@
 #include <linux/smp.h>
 #include <linux/vmalloc.h>
 #include <linux/wait.h>
+#include <asm/unwind.h>
 
 #include "hrperf_shim.h"
 
@@ -239,6 +242,7 @@ static void hrperf_overflow(struct perf_event *event, struct perf_sample_data *d
 		.pid = current->tgid,
 		.tid = current->pid,
 		.kernel = regs ? !user_mode(regs) : 1,
+		.regs = regs,
 	};
 
 	hrperf_rs_overflow(event->overflow_handler_context, &o);
@@ -378,3 +382,66 @@ void hrperf_shim_vfree(void *p) { vfree(p); }
 
 int hrperf_shim_module_get(struct module *m) { return try_module_get(m); }
 void hrperf_shim_module_put(struct module *m) { module_put(m); }
+
+/* ---- stacks (FMT_FL_STACKS formats; overflow handler context) ------------------------------- */
+
+/*
+ * The kernel stack of a kernel-mode sample into out[0..max], innermost first (0 frames
+ * for a user-mode one). stack_trace_save_regs() is not exported in 6.12, so this is its
+ * loop (arch_stack_walk) on the exported unwinder, started like perf_callchain_kernel():
+ * at the regs of a real interrupt, else (a software event's caller regs) at their sp.
+ */
+u32 hrperf_shim_kernel_stack(struct pt_regs *regs, u64 *out, u32 max)
+{
+	struct unwind_state state;
+	unsigned long addr;
+	u32 n = 0;
+
+	if (!regs || user_mode(regs) || !max)
+		return 0;
+	out[n++] = regs->ip;
+	if (regs->flags & X86_EFLAGS_FIXED)
+		unwind_start(&state, current, regs, NULL);
+	else
+		unwind_start(&state, current, NULL, (unsigned long *)regs->sp);
+	for (; n < max && !unwind_done(&state); unwind_next_frame(&state)) {
+		addr = unwind_get_return_address(&state);
+		if (!addr)
+			break;
+		out[n++] = addr;
+	}
+	return n;
+}
+
+/*
+ * The interrupted task's user ip and frame pointer, found as perf's callchain code does:
+ * the sampled regs, or for a kernel-mode sample the task's saved user regs. 0 for
+ * kernel threads and user workers (no user stack); *bp = 0 for a 32-bit task (its
+ * frames are 4-byte: only the ip is given).
+ */
+int hrperf_shim_user_regs(struct pt_regs *regs, u64 *ip, u64 *bp)
+{
+	if (!regs || !is_user_task(current))
+		return 0;
+	if (!user_mode(regs))
+		regs = task_pt_regs(current);
+	*ip = regs->ip;
+	*bp = user_64bit_mode(regs) ? regs->bp : 0;
+	return 1;
+}
+
+/*
+ * current->comm, NUL-padded to len bytes; returns the name's length. No task_lock (as
+ * __get_task_comm takes): not IRQ/NMI safe. bpf_get_current_comm() reads it like this;
+ * a racing rename may mix two names, still NUL-terminated. (Not read from Rust: the
+ * bindgen layout of task_struct gave garbage here.)
+ */
+u32 hrperf_shim_comm(char *out, u32 len)
+{
+	ssize_t n;
+
+	if (!len)
+		return 0;
+	n = strscpy_pad(out, current->comm, len);
+	return n < 0 ? len - 1 : n;
+}

@@ -22,6 +22,7 @@ struct hrperf_ovf {
 	u32 tid;
 	u32 kernel;
 	u32 reserved;
+	struct pt_regs *regs;	/* the interrupted context; valid during the call only */
 };
 
 /* The counter description Rust passes (struct CounterAttr in shim.rs). */
@@ -77,5 +78,8 @@ void *hrperf_shim_vzalloc(unsigned long size);
 void hrperf_shim_vfree(void *p);
 int hrperf_shim_module_get(struct module *m);
 void hrperf_shim_module_put(struct module *m);
+u32 hrperf_shim_kernel_stack(struct pt_regs *regs, u64 *out, u32 max);
+int hrperf_shim_user_regs(struct pt_regs *regs, u64 *ip, u64 *bp);
+u32 hrperf_shim_comm(char *out, u32 len);
 
 #endif /* HRPERF_SHIM_H */

@@ -31,7 +31,7 @@ use crate::abi::event::{
     EVENT_TYPE_HW_CACHE, EVENT_TYPE_RAW, EVENT_TYPE_SOFTWARE,
 };
 use crate::abi::format::{
-    Services, SessionParams, CTRL_NOTIFY, CTRL_SWITCH, FMT_FL_INTERVALS, FMT_FL_PEBS,
+    Services, SessionParams, CTRL_NOTIFY, CTRL_SWITCH, FMT_FL_INTERVALS, FMT_FL_PEBS, FMT_FL_STACKS,
     MODE_INSTRUCTED, MODE_OVERFLOW, MODE_POLL, SAMPLE_INSTRUCTED, SAMPLE_OVERFLOW, SAMPLE_POLL,
 };
 use crate::abi::ioctl::{BufferSlot, CpuStats};
@@ -158,6 +158,8 @@ pub(crate) struct CpuSlot {
     buf: VmBuffer,
     counters: KVec<PerfCounter>,
     notifier: NonNull<Notifier>,
+    /// The format has `FMT_FL_STACKS`: overflows get the stack services.
+    stacks: bool,
     ticks: AtomicU64,
     busy_skips: AtomicU64,
 }
@@ -221,8 +223,8 @@ impl CpuSlot {
     }
 
     /// Hands one sample to the format; acts on NOTIFY. Runs on this CPU.
-    fn dispatch(&self, sample: &Sample) {
-        let ctrl = self.try_with(|cs, buf| cs.dispatch(buf, sample, &Services::NONE));
+    fn dispatch(&self, sample: &Sample, services: &Services) {
+        let ctrl = self.try_with(|cs, buf| cs.dispatch(buf, sample, services));
         match ctrl {
             // CTRL_RESET needs nothing: perf re-arms its own sampling period, and its
             // counts are 64-bit, so the engine's raw values never jump.
@@ -250,7 +252,9 @@ impl CpuSlot {
             nr: self.counters.len() as u32,
             raw: self.read_raw(),
         };
-        self.dispatch(&sample);
+        // The table points into `o`, which lives until this call returns.
+        let services = if self.stacks { o.services() } else { Services::NONE };
+        self.dispatch(&sample, &services);
     }
 
     /// A poll or instructed read on this CPU: its own counters, its own clock.
@@ -265,7 +269,7 @@ impl CpuSlot {
             raw: self.read_raw(),
             ..Sample::default()
         };
-        self.dispatch(&sample);
+        self.dispatch(&sample, &Services::NONE);
         self.ticks.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -459,6 +463,7 @@ impl ActiveSession {
                 buf,
                 counters: KVec::new(),
                 notifier: NonNull::from(notifier),
+                stacks: req.format.flags() & FMT_FL_STACKS != 0,
                 ticks: AtomicU64::new(0),
                 busy_skips: AtomicU64::new(0),
             };

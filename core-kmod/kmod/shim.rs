@@ -10,11 +10,12 @@ use core::marker::PhantomData;
 use core::ptr::NonNull;
 
 use kernel::error::{code::*, Error, Result};
+use kernel::page::PAGE_SIZE;
 use kernel::ffi::{c_char, c_int, c_long, c_uint, c_ulong};
 use kernel::str::CStr;
 
 use crate::abi::event::{EventDesc, EVENT_FL_KERNEL_ONLY, EVENT_FL_PRECISE, EVENT_FL_USER_ONLY};
-use crate::abi::format::FormatOps;
+use crate::abi::format::{FormatOps, Services};
 use crate::abi::CpuMask;
 
 /// What the overflow trampoline reports about the interrupted context (`struct hrperf_ovf`).
@@ -31,6 +32,9 @@ pub(crate) struct OverflowInfo {
     /// Non-zero if the IP is in the kernel.
     pub(crate) kernel: u32,
     reserved: u32,
+    /// `struct pt_regs *` of the interrupted context (null if perf gave none); valid
+    /// for the duration of the overflow call only.
+    regs: *mut c_void,
 }
 
 /// `struct hrperf_counter_attr`: the part of `perf_event_attr` hrperf sets.
@@ -92,6 +96,10 @@ mod ffi {
         pub(super) fn hrperf_shim_vfree(p: *mut c_void);
         pub(super) fn hrperf_shim_module_get(m: *mut c_void) -> c_int;
         pub(super) fn hrperf_shim_module_put(m: *mut c_void);
+        pub(super) fn hrperf_shim_kernel_stack(regs: *mut c_void, out: *mut u64, max: u32) -> u32;
+        pub(super) fn hrperf_shim_user_regs(regs: *mut c_void, ip: *mut u64, bp: *mut u64)
+            -> c_int;
+        pub(super) fn hrperf_shim_comm(out: *mut c_char, len: u32) -> u32;
     }
 }
 
@@ -277,6 +285,118 @@ impl Drop for ModuleRef {
             unsafe { ffi::hrperf_shim_module_put(self.0) };
         }
     }
+}
+
+// ---- stacks -------------------------------------------------------------------------------------
+
+impl OverflowInfo {
+    /// The services of this overflow for a `FMT_FL_STACKS` format: stacks from its regs,
+    /// the current task's comm. The table points at `self`: use it only while `self` lives
+    /// (during the overflow call).
+    pub(crate) fn services(&self) -> Services {
+        Services {
+            ctx: (self as *const OverflowInfo).cast_mut().cast::<c_void>(),
+            kernel_stack: Some(svc_kernel_stack),
+            user_stack: Some(svc_user_stack),
+            comm: Some(svc_comm),
+            ..Services::NONE
+        }
+    }
+}
+
+/// `Services::kernel_stack`: the unwinder from the overflow's regs (kernel mode only).
+///
+/// # Safety
+///
+/// `ctx` is the live `OverflowInfo` of [`OverflowInfo::services`]; `out` is null or
+/// valid for `max` u64 writes.
+unsafe extern "C" fn svc_kernel_stack(ctx: *mut c_void, out: *mut u64, max: u32) -> u32 {
+    // SAFETY: null or the live `OverflowInfo` (the caller's contract).
+    let Some(o) = (unsafe { ctx.cast::<OverflowInfo>().as_ref() }) else { return 0 };
+    if out.is_null() || o.regs.is_null() {
+        return 0;
+    }
+    // SAFETY: `regs` is perf's, valid during the overflow call we are in; the shim
+    // writes at most `max` frames to `out` (valid for that many).
+    unsafe { ffi::hrperf_shim_kernel_stack(o.regs, out, max) }.min(max)
+}
+
+/// One user frame record at `fp`: `[next fp, return address]`, or `None` if it cannot
+/// be read without faulting.
+fn read_user_frame(fp: u64) -> Option<[u64; 2]> {
+    let mut f = [0u64; 2];
+    // SAFETY: `f` is 16 writable bytes. copy_from_user_nofault checks that the range is
+    // user memory and never faults or sleeps (IRQ/NMI safe).
+    let r = unsafe {
+        kernel::bindings::copy_from_user_nofault(f.as_mut_ptr().cast(), fp as *const c_void, 16)
+    };
+    (r == 0).then_some(f)
+}
+
+/// Where x86-64 user space ends at most (5-level paging): a "return address" at or above
+/// it, or in the first page, is not user code but a non-frame-pointer stack's data.
+const USER_END: u64 = 1 << 56;
+
+/// Frame-pointer walk: `out[0] = ip`, then each frame's return address, while the frame
+/// pointer is non-zero, 8-aligned, increasing and readable and the return address is a
+/// user address. Returns the frames written.
+fn user_walk(ip: u64, fp: u64, out: &mut [u64], read: impl Fn(u64) -> Option<[u64; 2]>) -> usize {
+    let mut fp = fp;
+    let Some(first) = out.first_mut() else { return 0 };
+    *first = ip;
+    let mut n = 1;
+    while let Some(slot) = out.get_mut(n) {
+        if fp == 0 || fp % 8 != 0 {
+            break;
+        }
+        let Some([next, ret]) = read(fp) else { break };
+        if ret < PAGE_SIZE as u64 || ret >= USER_END {
+            break;
+        }
+        *slot = ret;
+        n += 1;
+        if next <= fp {
+            break;
+        }
+        fp = next;
+    }
+    n
+}
+
+/// `Services::user_stack`: the interrupted task's user stack by frame pointers.
+///
+/// # Safety
+///
+/// As for [`svc_kernel_stack`].
+unsafe extern "C" fn svc_user_stack(ctx: *mut c_void, out: *mut u64, max: u32) -> u32 {
+    // SAFETY: null or the live `OverflowInfo` (the caller's contract).
+    let Some(o) = (unsafe { ctx.cast::<OverflowInfo>().as_ref() }) else { return 0 };
+    if out.is_null() || max == 0 || o.regs.is_null() {
+        return 0;
+    }
+    let (mut ip, mut bp) = (0u64, 0u64);
+    // SAFETY: `regs` is valid during the overflow call; `ip`, `bp` are writable.
+    if unsafe { ffi::hrperf_shim_user_regs(o.regs, &mut ip, &mut bp) } == 0 {
+        return 0;
+    }
+    // SAFETY: `out` is valid for `max` u64 writes (the caller's contract), not aliased
+    // during the call.
+    let out = unsafe { core::slice::from_raw_parts_mut(out, max as usize) };
+    user_walk(ip, bp, out, read_user_frame) as u32
+}
+
+/// `Services::comm`: the current task's name, NUL-padded to `len` bytes.
+///
+/// # Safety
+///
+/// `out` is null or valid for `len` byte writes.
+unsafe extern "C" fn svc_comm(_ctx: *mut c_void, out: *mut u8, len: u32) -> u32 {
+    if out.is_null() {
+        return 0;
+    }
+    // SAFETY: `out` is valid for `len` writes (the caller's contract); the shim writes
+    // at most that many.
+    unsafe { ffi::hrperf_shim_comm(out.cast(), len) }.min(len)
 }
 
 // ---- perf counters ------------------------------------------------------------------------------

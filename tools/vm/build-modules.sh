@@ -8,7 +8,7 @@ cd "$REPO"   # so dirs and globs below are repo-relative
 
 # The core goes first: format modules link against its Module.symvers.
 CORE_DIR=core-kmod/kmod
-MODULE_DIRS=("$CORE_DIR" formats/delta/kmod formats/pebs/kmod formats/aggregate/kmod)   # tools/vm/selftest: toolchain check only
+MODULE_DIRS=("$CORE_DIR" formats/delta/kmod formats/pebs/kmod formats/aggregate/kmod formats/llc-stack/kmod)   # tools/vm/selftest: toolchain check only
 (($#)) && MODULE_DIRS=("$@")
 
 KDIR=$("$VM_DIR/build-kernel.sh" | tail -n1)

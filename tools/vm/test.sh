@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one VM entry point: setup -> kernel -> modules -> initramfs -> boot.
 # Usage: test.sh [FILE[:GUEST_PATH]]...   extra files for the guest
-# Default: hrperf-core.ko + fmt-delta.ko, fmt-pebs.ko, fmt-aggregate.ko and the guest
+# Default: hrperf-core.ko + fmt-delta.ko, fmt-pebs.ko, fmt-aggregate.ko, fmt-llc-stack.ko and the guest
 # test (guest/guest.sh running guest/hrperf_test.c, built here against include/hrperf.h),
 # then the userspace half: the hrperf CLI (record --source kmod, status, start/pause/poll-log/stop, decode),
 # libhrperf.so with guest/hrperf_api_test.c, and python3 with userlib/python/hrperf.py.
@@ -20,20 +20,21 @@ else
     GUEST_SCRIPT=${HRPERF_VM_GUEST_SCRIPT:-$VM_DIR/guest/guest.sh}
     MODULES=()   # build-modules.sh's default list: the core, then the formats
     # Static, so the guest needs no libraries; warnings are errors here too.
-    gcc -O2 -Wall -Wextra -Werror -static -I"$REPO/include" \
+    gcc -O2 -fno-omit-frame-pointer -Wall -Wextra -Werror -static -I"$REPO/include" \
         -o "$RUN/hrperf_test" "$VM_DIR/guest/hrperf_test.c"
     GUEST_FILES=("$RUN/hrperf_test")
 fi
 
-# The userspace half (default test only): the hrperf CLI, its delta decoder plugin and
+# The userspace half (default test only): the hrperf CLI, its delta and llc-stack decoder plugins and
 # libhrperf.so (C API), release builds stripped for the initramfs; the C API test
 # program; python3 with the few stdlib modules the Python helper's test imports.
 userspace_files() {
     local target=${CARGO_TARGET_DIR:-$REPO/target}/release bin=$RUN/bin f
-    log "cargo: hrperf CLI, delta decoder, libhrperf.so (release)"
-    (cd "$REPO" && cargo build --release -q -p hrperf-cli -p hrperf-decode-delta -p hrperf-capi) >&2
+    log "cargo: hrperf CLI, delta and llc-stack decoders, libhrperf.so (release)"
+    (cd "$REPO" && cargo build --release -q -p hrperf-cli -p hrperf-decode-delta \
+        -p hrperf-decode-llc-stack -p hrperf-capi) >&2
     mkdir -p "$bin"
-    for f in hrperf hrperf-burn libhrperf_decode_delta.so libhrperf.so; do
+    for f in hrperf hrperf-burn libhrperf_decode_delta.so libhrperf_decode_llc_stack.so libhrperf.so; do
         strip -o "$bin/$f" "$target/$f"
     done
     gcc -O2 -Wall -Wextra -Werror -I"$REPO/include" -o "$bin/hrperf_api_test" \
@@ -42,6 +43,7 @@ userspace_files() {
     USER_FILES=("$bin/libhrperf.so:/usr/lib/libhrperf.so" "$bin/hrperf:/usr/bin/hrperf"
         "$bin/hrperf-burn:/usr/bin/hrperf-burn"
         "$bin/libhrperf_decode_delta.so:/usr/bin/libhrperf_decode_delta.so"
+        "$bin/libhrperf_decode_llc_stack.so:/usr/bin/libhrperf_decode_llc_stack.so"
         "$bin/hrperf_api_test:/usr/bin/hrperf_api_test"
         "$REPO/userlib/python/hrperf.py:/py/hrperf.py"
         "$VM_DIR/guest/hrperf_py_test.py:/py/hrperf_py_test.py" "$VM_DIR/guest/cli.sh:/cli.sh")

@@ -128,6 +128,14 @@ pub enum AggReportError {
         /// Its format.
         format: String,
     },
+    /// Stack output was asked of a capture not keyed by stack.
+    #[error("{path} is keyed by {key}, not by stack: --folded and --flamegraph need a capture recorded with --agg-key stack")]
+    NotStackKeys {
+        /// The capture.
+        path: String,
+        /// Its key kind.
+        key: String,
+    },
 }
 
 /// Builds the report of `reader`'s aggregate records, keeping the `top` keys by `by`.
@@ -227,4 +235,66 @@ pub fn report(reader: &Reader, top: usize, by: RankBy) -> Result<AggReport, AggR
     rows.truncate(top);
     r.top = rows;
     Ok(r)
+}
+
+/// A symbolized call-stack profile of a stack-keyed (`--agg-key stack`) aggregate
+/// capture: every key's kernel and user stacks with its count (or counter sum) as the
+/// weight, fed to [`crate::stacks::ProfileBuilder`] with the capture's symbols — so
+/// `--folded`, `--flamegraph` and the inclusive/self table work on in-kernel aggregates
+/// as on logged stacks (weigh by `WeightBy::Weight`: each key is one record carrying
+/// its count or sum as weight). Returns the profile and the samples (or sum) of keys whose
+/// stacks were not kept (`STACK_ID_LOST`, damaged ids), which are left out of it.
+pub fn stack_profile(
+    reader: &Reader,
+    by: RankBy,
+    options: &crate::stacks::ProfileOptions,
+) -> Result<(crate::stacks::Profile, u64), AggReportError> {
+    use hrperf_fmt_llc_stack::record::{encode, StackFixed, STK_IMPORTED, STK_KERNEL_IP};
+    let r = report(reader, usize::MAX, by)?;
+    if r.key_kind != hrperf_fmt_aggregate::record::KEY_STACK && !r.intervals.is_empty() {
+        return Err(AggReportError::NotStackKeys {
+            path: reader.path().display().to_string(),
+            key: hrperf_fmt_aggregate::record::key_name(r.key_kind).to_string(),
+        });
+    }
+    let mut b = crate::stacks::ProfileBuilder::new(options);
+    for chunk in reader.chunks() {
+        if let Some((kind, pid, text)) = chunk?.symbols() {
+            b.add_symbols(kind, pid, text);
+        }
+    }
+    let mut left_out = 0u64;
+    let mut rec = Vec::new();
+    for row in &r.top {
+        let weight = match by {
+            RankBy::Count => row.count,
+            RankBy::Sum => row.sum,
+        };
+        let frames = |s: &StackKey| match s {
+            StackKey::None => Some(Vec::new()),
+            StackKey::Frames(f) => Some(f.clone()),
+            StackKey::Lost | StackKey::Unknown(_) => None,
+        };
+        let (Some(kernel), Some(user)) = (frames(&row.key.kstack), frames(&row.key.ustack)) else {
+            left_out = left_out.saturating_add(weight);
+            continue;
+        };
+        if kernel.is_empty() && user.is_empty() {
+            left_out = left_out.saturating_add(weight);
+            continue;
+        }
+        let fixed = StackFixed {
+            ip: kernel.first().or(user.first()).copied().unwrap_or(0),
+            weight,
+            pid: row.key.pid,
+            flags: STK_IMPORTED | if kernel.is_empty() { 0 } else { STK_KERNEL_IP },
+            ..StackFixed::default()
+        };
+        rec.clear();
+        // A key's stacks are at most MAX_STACK_DEPTH (128) frames each: always fits.
+        if encode(&mut rec, &fixed, &kernel, &user) {
+            b.add_record_bytes(&rec);
+        }
+    }
+    Ok((b.finish(), left_out))
 }

@@ -74,7 +74,7 @@ fn read_capture(path: &Path) -> Intervals {
                 let (iv, entries) = ivs.last_mut().expect("entry before its interval");
                 assert_eq!((e.cpu, e.seq, e.start_ns, e.end_ns), (iv.cpu, iv.seq, iv.start_ns, iv.end_ns));
                 entries.push(e);
-            } else {
+            } else if h.kind != REC_STACK {
                 panic!("unexpected record type {:#x}", h.kind.0);
             }
         }
@@ -338,4 +338,33 @@ fn perf_cpu_clock_overflow_conserves_every_sample() {
     let pids: std::collections::BTreeSet<u32> = ivs.values().flatten().flat_map(|(_, es)| es.iter().map(|e| e.pid)).collect();
     assert!(pids.iter().any(|&p| p != 0), "the workload's pid is a key: {pids:?}");
     eprintln!("perf: {samples} samples in {intervals} intervals, {} dispatched", sum.samples);
+}
+
+#[test]
+fn aggregated_stacks_fold_like_logged_stacks_of_the_same_run() {
+    use hrperf::agg_report::{stack_profile, RankBy};
+    use hrperf::stacks::{Profile, ProfileOptions, WeightBy};
+    // One simulated run, recorded twice: aggregated in the buffer by stack, and logged
+    // one record per sample (llc-stack). The simulator is deterministic, so the folded
+    // stacks (by samples) must be identical.
+    let cfg = sim_cfg(5);
+    let (sum, _) = record_sim(&cfg, &opts(AggregateArg { key: KEY_STACK, ..AggregateArg::default() }, 10_000_000), "fold-agg.data");
+    let logged = tmp("fold-llc.data");
+    let mut src = SimSource::new(cfg.clone()).unwrap();
+    let o = RecordOptions { format: "llc-stack".into(), host_info: false, ..RecordOptions::default() };
+    let s2 = record(&mut src, &o, std::fs::File::create(&logged).unwrap(), &logged, &AtomicBool::new(false), &mut |_| {}).unwrap();
+    assert_eq!(sum.samples, s2.samples);
+    let samples = ProfileOptions { weight: WeightBy::Samples, ..ProfileOptions::default() };
+    // The aggregate's keys carry their count as the weight of one synthesized record.
+    let (agg, left_out) =
+        stack_profile(&Reader::open(tmp("fold-agg.data")).unwrap(), RankBy::Count, &ProfileOptions::default()).unwrap();
+    let log = Profile::from_reader(&Reader::open(&logged).unwrap(), &samples).unwrap();
+    assert_eq!(left_out, 0);
+    assert_eq!(agg.total_weight(), sum.samples);
+    assert_eq!(agg.folded_lines(false), log.folded_lines(false));
+    assert!(agg.folded_lines(false).keys().any(|l| l.ends_with("vfs_read;copy_user_generic")), "kernel frames symbolized");
+    // A capture keyed by ip has no stacks to fold.
+    let (_, _) = record_sim(&cfg, &opts(AggregateArg { key: KEY_IP, ..AggregateArg::default() }, 10_000_000), "fold-ip.data");
+    let e = stack_profile(&Reader::open(tmp("fold-ip.data")).unwrap(), RankBy::Count, &samples).unwrap_err();
+    assert!(e.to_string().contains("--agg-key stack"), "{e}");
 }

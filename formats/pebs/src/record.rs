@@ -22,13 +22,14 @@
 //! The prefix is in the writer's byte order like every hrperf record; the hardware
 //! bytes are always little-endian (x86). Perf-sourced records carry an adaptive record
 //! (basic + meminfo groups) synthesised from the perf sample, with `dsrc_kind =
-//! PerfMemDataSrc` and `FL_PERF_SOURCED`.
+//! PerfMemDataSrc` and `FL_PERF_SOURCED` (and `FL_TIME` with the sample time):
+//! [`encode_perf`] from a [`PerfMemSample`].
 
 use hrperf_abi::record::{RecordHeader, MISC_OVERFLOW};
 use hrperf_abi::{align8, RecordType};
 
 use super::bytes::{ne16, ne32, ne64, put};
-use super::datasrc::DsrcKind;
+use super::datasrc::{DseTable, DsrcKind};
 use super::layout::{self, Layout, LayoutError, PebsFormat, PebsRecord, PebsSample};
 
 /// Offset of the hardware record in a capture record.
@@ -126,6 +127,95 @@ pub fn encode_wrapped(
     let mut hw = [0u8; layout::MAX_RECORD_SIZE];
     let n = layout::encode(layout, data_cfg, sample, &mut hw).map_err(ParseError::Layout)?;
     wrap(layout, prefix, hw.get(..n).ok_or(ParseError::Malformed)?, out)
+}
+
+/// The fields of one perf sample (`perf_event_open` with `precise_ip`, `sample_type`
+/// `IP | TIME | CPU | ADDR | DATA_SRC | WEIGHT_STRUCT` or `WEIGHT`) that a perf-sourced
+/// capture record carries ([`encode_perf`]). `PERF_SAMPLE_PHYS_ADDR` has no field in the
+/// capture record and is not carried.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PerfMemSample {
+    /// `PERF_SAMPLE_CPU`.
+    pub cpu: u32,
+    /// `PERF_SAMPLE_TIME` in the capture's clock, if sampled.
+    pub time_ns: Option<u64>,
+    /// `PERF_SAMPLE_IP` (with `precise_ip`, the eventing IP).
+    pub ip: u64,
+    /// `PERF_SAMPLE_ADDR`: the data linear address.
+    pub addr: u64,
+    /// `PERF_SAMPLE_DATA_SRC`: a `union perf_mem_data_src` value.
+    pub data_src: u64,
+    /// Load (cache) latency in core cycles: `weight.var1_dw` of
+    /// `PERF_SAMPLE_WEIGHT_STRUCT`, or the whole `PERF_SAMPLE_WEIGHT`. Values above
+    /// `u32::MAX` are saturated.
+    pub latency: u64,
+    /// Instruction latency (`weight.var2_w` of `PERF_SAMPLE_WEIGHT_STRUCT`), on CPUs
+    /// that report it (Alder Lake, Sapphire Rapids and later); carried only while
+    /// `latency` fits the 16-bit cache-latency field of that split.
+    pub instr_latency: Option<u16>,
+    /// Retire latency (`weight.var3_w` of `PERF_SAMPLE_WEIGHT_STRUCT`), on CPUs that
+    /// report it.
+    pub retire_latency: Option<u16>,
+}
+
+/// The `data_cfg` of the adaptive record a perf sample is synthesised into (basic +
+/// meminfo groups).
+pub const PERF_DATA_CFG: u64 = layout::DATACFG_MEMINFO;
+/// Size of a perf-sourced capture record.
+pub const PERF_RECORD_SIZE: usize = HW_OFFSET + layout::adaptive_size(PERF_DATA_CFG);
+
+impl PerfMemSample {
+    /// The `PebsFormat` word of the synthesised record: adaptive (fmt4, baseline), no
+    /// Intel data-source table (the word is already `perf_mem_data_src`),
+    /// `INSTR_LATENCY` when the latency word is split, `TIMING_INFO` with a retire
+    /// latency.
+    pub fn pebs_format(&self) -> PebsFormat {
+        let mut bits = PebsFormat::BASELINE;
+        if self.split_latency() {
+            bits |= PebsFormat::INSTR_LATENCY;
+        }
+        if self.retire_latency.is_some() {
+            bits |= PebsFormat::TIMING_INFO;
+        }
+        PebsFormat::new(4, bits, DseTable::None)
+    }
+
+    fn split_latency(&self) -> bool {
+        self.instr_latency.is_some() && self.latency <= 0xffff
+    }
+
+    /// The meminfo latency word as the hardware lays it out: instruction latency in
+    /// bits 15:0 and cache latency in 47:32 when split, else the latency.
+    pub fn latency_word(&self) -> u64 {
+        match self.instr_latency {
+            Some(instr) if self.split_latency() => (self.latency << 32) | u64::from(instr),
+            _ => self.latency.min(u64::from(u32::MAX)),
+        }
+    }
+}
+
+/// Synthesises the capture record of a perf sample into `out` (at least
+/// [`PERF_RECORD_SIZE`] bytes): an adaptive record with the basic and meminfo groups
+/// (eventing IP, data address, `perf_mem_data_src`, latency word; no TSC, no
+/// applicable-counter bits — perf reports neither), `dsrc_kind = PerfMemDataSrc`,
+/// `FL_PERF_SOURCED`, and `FL_TIME` with the sample time. Returns its size.
+pub fn encode_perf(s: &PerfMemSample, out: &mut [u8]) -> Result<usize, ParseError> {
+    let prefix = Prefix {
+        cpu: s.cpu,
+        pebs_format: s.pebs_format(),
+        dsrc_kind: DsrcKind::PerfMemDataSrc as u8,
+        flags: FL_PERF_SOURCED | if s.time_ns.is_some() { FL_TIME } else { 0 },
+        time_ns: s.time_ns.unwrap_or(0),
+    };
+    let sample = PebsSample {
+        eventing_ip: s.ip,
+        data_addr: s.addr,
+        data_source: s.data_src,
+        latency: s.latency_word(),
+        retire_latency: s.retire_latency.unwrap_or(0),
+        ..PebsSample::default()
+    };
+    encode_wrapped(Layout::Adaptive, PERF_DATA_CFG, &prefix, &sample, out)
 }
 
 /// A parsed capture record; the hardware record is decoded in place.

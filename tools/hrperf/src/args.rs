@@ -60,9 +60,70 @@ pub enum Command {
     Stop(CtlArgs),
     /// Profile a capture: for PEBS, memory accesses by level, page size, cache line,
     /// page and IP, and a latency histogram; for aggregate, the top keys by count or
-    /// counter sum and a per-interval time series.
+    /// counter sum and a per-interval time series; for llc-stack, functions by inclusive
+    /// and self weight, callers/callees, folded stacks and flame graphs.
     #[command(after_help = REPORT_EXAMPLES)]
     Report(ReportArgs),
+    /// Import call stacks from a perf.data file (perf record -g) or from stap /
+    /// stack-count text into an llc-stack capture for `hrperf report`.
+    #[command(after_help = IMPORT_EXAMPLES)]
+    Import(ImportArgs),
+}
+
+const IMPORT_EXAMPLES: &str = "EXAMPLES:
+  perf record -g -F 999 -o app.perf.data -- ./app
+  hrperf import app.perf.data -o app.data
+  hrperf report -i app.data
+  # stack-count text (stap, perf scripts): frames joined by '!', then a count
+  stap -e '...print(sprint_backtrace()...' > stacks.txt
+  hrperf import --stap stacks.txt -o stacks.data
+  hrperf import --stap stacks.txt --root-first --skip-bad -o stacks.data
+
+perf.data: every sample becomes one stack record weighted by its period (1 if the file
+has none), its callchain split into kernel and user frames at perf's context markers
+(a sample without a callchain stands for its IP); MMAP/MMAP2 records become per-process
+maps and COMMs name the tasks; kernel frames are resolved with this machine's
+/proc/kallsyms (as perf report does), so import on the machine that recorded.
+Compressed files (perf record -z) are not supported: re-record without -z.
+
+stap text: one stack per line, innermost frame first (--root-first for the other
+order); frames like 'vfs_read+0x5/0x90', 'sym [module]' or
+'0xffffffff81234567 : sym+0x5/0x90 [kernel]' stand for the function. Stap stacks are
+not split into kernel and user parts: every frame is stored as a kernel frame, with a
+synthetic address that the capture's symbol table maps back to the name. Blank lines
+and '#' comments are skipped; a malformed line stops the import at that line (what came
+before is kept) unless --skip-bad.
+
+Counts (samples, stacks, skipped records by kind) are printed on stderr at the end;
+damage in the input is one error line naming the file offset or line, exit status 2.";
+
+/// `hrperf import`.
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// perf.data file to import [default: perf.data].
+    #[arg(value_name = "PERF_DATA", conflicts_with = "stap")]
+    pub perf_data: Option<PathBuf>,
+    /// Import stack-count text: frames joined by '!', whitespace, a count, per line.
+    #[arg(long, value_name = "FILE")]
+    pub stap: Option<PathBuf>,
+    /// Output capture file.
+    #[arg(short, long, default_value = "hrperf.data")]
+    pub output: PathBuf,
+    /// stap: frames are listed outermost (root) first.
+    #[arg(long, requires = "stap")]
+    pub root_first: bool,
+    /// stap: count and skip malformed lines instead of stopping at the first.
+    #[arg(long, requires = "stap")]
+    pub skip_bad: bool,
+    /// perf.data: kernel symbols to store [default: /proc/kallsyms].
+    #[arg(long, value_name = "FILE", conflicts_with = "stap")]
+    pub kallsyms: Option<PathBuf>,
+    /// perf.data: store no kernel symbols.
+    #[arg(long, conflicts_with_all = ["stap", "kallsyms"])]
+    pub no_kallsyms: bool,
+    /// No progress line.
+    #[arg(short, long)]
+    pub quiet: bool,
 }
 
 const REPORT_EXAMPLES: &str = "EXAMPLES:
@@ -73,6 +134,17 @@ const REPORT_EXAMPLES: &str = "EXAMPLES:
   hrperf report -i agg.data                          # the capture's format: aggregate
   hrperf report --format aggregate -i agg.data --top 20 --by sum
   hrperf report --format aggregate -i agg.data --time-series
+  hrperf record --format llc-stack -c 100000 -o stacks.data -- ./app
+  hrperf report stacks.data                          # top 20 functions, inclusive and self
+  hrperf report stacks.data --sort self --top 40 --user-only
+  hrperf report stacks.data --callers memcpy         # who calls memcpy, and how much
+  hrperf report stacks.data --folded > app.folded    # for flamegraph.pl / inferno / speedscope
+  hrperf report stacks.data --flamegraph app.svg --folded-comm
+  hrperf report stacks.data --samples --json
+
+llc-stack reports symbolize with the kallsyms and /proc/PID/maps captured at record time
+and the ELF files mapped then (still on disk here); what cannot be resolved shows as
+[unknown]. Weights are the samples' periods (perf's percentages); --samples counts records.
 
 Page sizes (4K / 2M / 1G) are known where the capture says which address ranges are
 backed by which pages (captures of the simulated PMU do); elsewhere they show as unknown
@@ -84,12 +156,16 @@ pub struct ReportArgs {
     /// Capture file.
     #[arg(short, long, default_value = "hrperf.data")]
     pub input: PathBuf,
-    /// Report kind: pebs or aggregate [default: the capture's format].
+    /// Capture file (instead of -i).
+    #[arg(value_name = "CAPTURE", conflicts_with = "input")]
+    pub capture: Option<PathBuf>,
+    /// Report kind: pebs, aggregate or llc-stack [default: the capture's format].
     #[arg(long, value_name = "NAME")]
     pub format: Option<String>,
-    /// Rows in the top tables (pebs: hottest lines, pages and IPs; aggregate: top keys).
-    #[arg(long, value_name = "N", default_value_t = 10)]
-    pub top: usize,
+    /// Rows in the top tables (pebs: hottest lines, pages and IPs; aggregate: top keys;
+    /// llc-stack: functions) [default: 10; llc-stack: 20].
+    #[arg(long, value_name = "N")]
+    pub top: Option<usize>,
     /// Aggregate: rank the top keys by samples (count) or by the counter's sum.
     #[arg(long, value_enum, value_name = "RANK")]
     pub by: Option<ReportBy>,
@@ -97,6 +173,68 @@ pub struct ReportArgs {
     /// keys, other, misses, counter sum.
     #[arg(long)]
     pub time_series: bool,
+    /// llc-stack: order functions by inclusive weight (the function or its callees
+    /// running) or self weight (the function running) [default: inclusive].
+    #[arg(long, value_enum, value_name = "WEIGHT")]
+    pub sort: Option<StackSort>,
+    /// llc-stack: the callers of function FUNC (those directly above it in its stacks).
+    #[arg(long, value_name = "FUNC")]
+    pub callers: Option<String>,
+    /// llc-stack: the callees of function FUNC (those directly below it).
+    #[arg(long, value_name = "FUNC")]
+    pub callees: Option<String>,
+    /// llc-stack: print folded stacks (`root;...;leaf weight`, sorted) instead of a table.
+    #[arg(long)]
+    pub folded: bool,
+    /// llc-stack: start each folded stack (and flame-graph tower) with the command name.
+    #[arg(long)]
+    pub folded_comm: bool,
+    /// llc-stack: also write an SVG flame graph to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub flamegraph: Option<PathBuf>,
+    /// llc-stack: keep only the kernel frames of each stack.
+    #[arg(long, conflicts_with = "user_only")]
+    pub kernel_only: bool,
+    /// llc-stack: keep only the user frames of each stack.
+    #[arg(long)]
+    pub user_only: bool,
+    /// llc-stack: weigh each record as 1 instead of its weight (sample period).
+    #[arg(long)]
+    pub samples: bool,
+    /// llc-stack: print the table (or callers/callees) as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl ReportArgs {
+    /// The first llc-stack-only option given, for the error when another format's
+    /// report is asked for.
+    pub fn stack_option(&self) -> Option<&'static str> {
+        [
+            (self.sort.is_some(), "--sort"),
+            (self.callers.is_some(), "--callers"),
+            (self.callees.is_some(), "--callees"),
+            (self.folded, "--folded"),
+            (self.folded_comm, "--folded-comm"),
+            (self.flamegraph.is_some(), "--flamegraph"),
+            (self.kernel_only, "--kernel-only"),
+            (self.user_only, "--user-only"),
+            (self.samples, "--samples"),
+            (self.json, "--json"),
+        ]
+        .into_iter()
+        .find_map(|(given, name)| given.then_some(name))
+    }
+}
+
+/// Function order of `hrperf report` on an llc-stack capture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StackSort {
+    /// Weight of the stacks holding the function (perf report --children).
+    Inclusive,
+    /// Weight of the stacks it is the leaf of (perf report --no-children).
+    #[value(name = "self")]
+    SelfWeight,
 }
 
 /// Ranking of `hrperf report --format aggregate`.

@@ -4,9 +4,11 @@
 
 mod args;
 mod decode;
+mod import;
 mod kmod;
 mod record;
 mod report;
+mod stack_report;
 
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -43,6 +45,7 @@ fn main() -> ExitCode {
         Command::PollLog(a) => kmod::run_ctl(a, kmod::Ctl::PollLog),
         Command::Stop(a) => kmod::run_ctl(a, kmod::Ctl::Stop),
         Command::Report(a) => report::run(a),
+        Command::Import(a) => import::run(a),
     };
     match result {
         Ok(code) => code,

@@ -1,6 +1,7 @@
 //! `hrperf report`: for `--format pebs`, the memory-access profile of a PEBS capture
 //! ([`hrperf::pebs_report`]); for `--format aggregate`, the top keys and the
-//! per-interval time series of an aggregating-format capture ([`hrperf::agg_report`]).
+//! per-interval time series of an aggregating-format capture ([`hrperf::agg_report`]);
+//! for `--format llc-stack`, the call-stack profile ([`crate::stack_report`]).
 //! Printed as tables.
 
 use std::io::{self, Write};
@@ -14,11 +15,21 @@ use crate::args::{ReportArgs, ReportBy};
 use crate::{CliError, CliResult};
 
 /// Runs `hrperf report`.
-pub fn run(a: ReportArgs) -> CliResult {
-    if let Some(f) = a.format.as_deref().filter(|f| !matches!(*f, "pebs" | "aggregate")) {
-        return Err(CliError(format!("no report for format '{f}': the reports available are: pebs, aggregate")));
+pub fn run(mut a: ReportArgs) -> CliResult {
+    if let Some(f) = a.format.as_deref().filter(|f| !matches!(*f, "pebs" | "aggregate" | "llc-stack")) {
+        return Err(CliError(format!("no report for format '{f}': the reports available are: pebs, aggregate, llc-stack")));
+    }
+    if let Some(c) = a.capture.take() {
+        a.input = c;
     }
     let reader = Reader::open(&a.input)?;
+    if a.format.as_deref().unwrap_or(&reader.meta().format_name) == "llc-stack" {
+        return crate::stack_report::run(&a, &reader);
+    }
+    if let Some(opt) = a.stack_option() {
+        let f = a.format.as_deref().unwrap_or(&reader.meta().format_name);
+        return Err(CliError(format!("{opt} applies to llc-stack reports (call stacks), not to '{f}' captures")));
+    }
     let format = a.format.clone().unwrap_or_else(|| reader.meta().format_name.clone());
     let mut out = io::BufWriter::new(io::stdout().lock());
     let printed = match format.as_str() {
@@ -27,19 +38,19 @@ pub fn run(a: ReportArgs) -> CliResult {
                 ReportBy::Count => RankBy::Count,
                 ReportBy::Sum => RankBy::Sum,
             };
-            let r = agg_report::report(&reader, a.top.max(1), by)?;
+            let r = agg_report::report(&reader, a.top.unwrap_or(10).max(1), by)?;
             print_aggregate(&mut out, &reader, &r, by, a.time_series)
         }
         "pebs" => {
             if a.by.is_some() || a.time_series {
                 return Err(CliError("--by and --time-series apply to --format aggregate reports".into()));
             }
-            let p = profile(&reader, a.top.max(1))?;
+            let p = profile(&reader, a.top.unwrap_or(10).max(1))?;
             print(&mut out, &reader, &p)
         }
         f => {
             return Err(CliError(format!(
-                "{} holds '{f}' records; hrperf report needs a capture recorded with --format pebs or --format aggregate",
+                "{} holds '{f}' records; hrperf report needs a capture recorded with --format pebs or --format aggregate, or with --format llc-stack",
                 a.input.display()
             )))
         }

@@ -129,7 +129,7 @@ fn stack_key_counts_per_call_stack() {
     assert!(err.contains("samples with stacks"), "{err}");
     let rep = ok(&hrperf(&["report", "-i", f]));
     // The simulated program's stacks: kernel + user frames resolved from stack ids.
-    assert!(rep.contains("key stack") && rep.contains("pid 1000 kstack - ustack 0x401810;0x401340;0x401140;0x401040"), "{rep}");
+    assert!(rep.contains("key stack") && rep.contains("pid 1000 kstack - ustack 0x401810;0x401480;0x401200;0x401080"), "{rep}");
     assert!(rep.contains("kstack 0xffffffff81000510;"), "{rep}");
 }
 

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Runs inside the QEMU guest after guest.sh's kernel checks: the userspace half of the
 # kmod path, through the real hrperf CLI, libhrperf.so and the Python helper.
-# Files: /usr/bin/{hrperf,hrperf-burn,libhrperf_decode_delta.so,hrperf_api_test},
+# Files: /usr/bin/{hrperf,hrperf-burn,libhrperf_decode_delta.so,libhrperf_decode_llc_stack.so,hrperf_api_test},
 # /usr/lib/libhrperf.so, /usr/bin/python3 + stdlib subset, /py/{hrperf.py,hrperf_py_test.py}.
 # Every check prints "ok: ..." or "FAIL: ..." (and exits non-zero).
 set -e
@@ -107,6 +107,39 @@ check_delta /tmp/ovf.csv overflow 500000000 $(( (t1 - t0 + 20) * 1000000 )) || f
 recs=$(($(grep -c '^delta,' /tmp/ovf.csv)))
 echo "MEASURED cli overflow: $recs records decoded from a $((t1 - t0)) ms run = $((recs * 1000 / (t1 - t0))) records/s recorded through hrperf record --source kmod (2 CPUs, period 100000 ns cpu-clock; TCG timing, not hardware)"
 echo "ok: overflow recording decodes: records per CPU, increasing timestamps, cpu-clock vs elapsed"
+
+step "hrperf record --source kmod --format llc-stack -e cpu-clock -c 200000 -- dd (call stacks, hrperf report)"
+insmod /fmt-llc-stack.ko
+hrperf status | grep -q '^  llc-stack ' || fail "hrperf status does not list llc-stack"
+hrperf formats | tee /tmp/formats
+grep -q 'llc-stack' /tmp/formats || fail "hrperf formats does not list the llc-stack decoder"
+hrperf record --source kmod --format llc-stack -e cpu-clock -c 200000 -o /tmp/stk.data -- \
+    dd if=/dev/zero of=/dev/null bs=64k count=20000
+hrperf info -i /tmp/stk.data | tee /tmp/stk.info
+grep -q 'kallsyms' /tmp/stk.info || fail "no kallsyms snapshot in the llc-stack capture"
+hrperf decode -i /tmp/stk.data --output jsonl > /tmp/stk.jsonl
+head -n 2 /tmp/stk.jsonl
+total=$(grep -c '"kind":"stack"' /tmp/stk.jsonl) || true
+# dd's kernel-mode samples: the ip plus at least one caller, all kernel addresses
+dd_k=$(grep '"comm":"dd"' /tmp/stk.jsonl | grep -c '"mode":"kernel".*"kernel_stack":\["0xffff[0-9a-f]*","0xffff') || true
+dd_u=$(grep '"comm":"dd"' /tmp/stk.jsonl | grep -c '"user_stack":\["0x') || true
+echo "llc-stack capture: $total stack records; dd: $dd_k kernel samples with >= 2 kernel frames, $dd_u with a user stack"
+grep '"comm":"dd"' /tmp/stk.jsonl | grep -m1 '"mode":"kernel"' || true
+! grep -qE '"user_stack":\[[^]]*"0x[0-9a-f]{15,}"' /tmp/stk.jsonl || fail "a user stack holds a non-user address"
+[ "$dd_k" -ge 10 ] || fail "too few kernel stacks of dd"
+[ "$dd_u" -ge 10 ] || fail "too few user stacks of dd"
+rc=0; hrperf report -i /tmp/stk.data > /tmp/stk.report 2>&1 || rc=$?
+if [ "$rc" != 0 ] && grep -q 'no report for format' /tmp/stk.report; then
+    echo "SKIP: hrperf report has no llc-stack support yet"
+else
+    head -n 30 /tmp/stk.report
+    [ "$rc" = 0 ] || fail "hrperf report exited $rc"
+    grep -qE '\[k\] (ksys_read|vfs_read|__x64_sys_read|read_zero|iov_iter_zero)' /tmp/stk.report \
+        || fail "hrperf report names no kernel function of the read path"
+    echo "ok: hrperf report symbolizes dd's kernel frames with the guest's kallsyms"
+fi
+rmmod fmt_llc_stack
+echo "ok: llc-stack recording through the CLI: kernel and user stacks, comm, kallsyms snapshot"
 
 step "hrperf record (auto source = kmod) --poll-us 1000 -a --duration 500ms (poll)"
 t0=$(ms)

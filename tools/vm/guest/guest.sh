@@ -1,6 +1,6 @@
 #!/bin/sh
 # Runs inside the QEMU guest (tools/vm/initramfs.sh's /init): the hrperf kernel test.
-# Files: /hrperf-core.ko /fmt-delta.ko /fmt-pebs.ko /fmt-aggregate.ko /hrperf_test (and cli.sh's files, see there). Any failed step exits non-zero;
+# Files: /hrperf-core.ko /fmt-delta.ko /fmt-pebs.ko /fmt-aggregate.ko /fmt-llc-stack.ko /hrperf_test (and cli.sh's files, see there). Any failed step exits non-zero;
 # run-qemu.sh also fails the run on any Oops/BUG/WARNING/Call Trace in the log.
 set -e
 T=/hrperf_test
@@ -45,6 +45,13 @@ dmesg | grep -q 'hrperf_core: format registered: aggregate'
 $T aggregate 1000
 rmmod fmt_aggregate
 echo "ok: fmt_pebs and fmt_aggregate unloaded"
+
+step "fmt-llc-stack: bad arguments, kernel/user stacks and comm on overflow (cpu-clock 200 us)"
+insmod /fmt-llc-stack.ko
+dmesg | grep -q 'hrperf_core: format registered: llc-stack'
+$T llc-stack 1000
+rmmod fmt_llc_stack
+echo "ok: fmt_llc_stack unloaded"
 
 step "module pinning"
 if rmmod hrperf_core 2>/dev/null; then echo "FAIL: rmmod hrperf_core with fmt_delta loaded"; exit 1; fi

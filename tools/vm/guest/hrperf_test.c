@@ -17,6 +17,10 @@
  *   hrperf_test pebs                  fmt-pebs: listed; CREATE refused with ENODEV (no PMU)
  *   hrperf_test aggregate [ms]        fmt-aggregate: intervals read in place, acked by
  *                                     CONSUME (tail = seq), switched by RESTART; conservation
+ *   hrperf_test llc-stack [ms]        fmt-llc-stack: bad arguments refused; cpu-clock
+ *                                     overflows over read() and user-recursion workloads
+ *                                     record kernel stacks (checked against kallsyms), user
+ *                                     frame-pointer stacks and comm; rmmod refused meanwhile
  *
  * Prints measured figures (TCG timing, not hardware timing) and "ok: ..." lines; exits
  * non-zero with "FAIL: ..." on the first failed check.
@@ -986,6 +990,345 @@ static void test_aggregate(unsigned ms)
 	printf("ok: aggregate intervals read in place, acknowledged by CONSUME, switched by RESTART; nothing lost\n");
 }
 
+/* ---- fmt-llc-stack (formats/llc-stack/src/{lib,record}.rs) ---- */
+
+#define STK_RECORD 0x1200u
+#define STK_FIXED 80
+#define STK_KERNEL_IP (1u << 4)
+#define STK_KERNEL_TRUNCATED (1u << 0)
+#define KERNEL_BASE 0xffff800000000000ull
+
+struct stk_arg {		/* LlcStackArg, 24 bytes */
+	uint32_t size, flags;
+	uint64_t data_size;
+	uint16_t max_kernel, max_user;
+	uint32_t reserved;
+};
+
+struct stk_record {
+	struct hrperf_record_header header;
+	uint64_t time_ns, ip, addr, weight;
+	uint32_t cpu, pid, tid, flags;
+	uint16_t nr_kernel, nr_user;
+	uint32_t reserved;
+	char comm[16];
+	uint64_t frames[];
+};
+
+/* Kernel text symbols from /proc/kallsyms, sorted by address. */
+struct ksym {
+	uint64_t addr;
+	char name[48];
+};
+static struct ksym *ksyms;
+static size_t nksyms;
+
+static int ksym_cmp(const void *a, const void *b)
+{
+	const struct ksym *x = a, *y = b;
+
+	return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+static void ksyms_load(void)
+{
+	FILE *f = fopen("/proc/kallsyms", "r");
+	char line[256], type, name[128];
+	unsigned long long a;
+	size_t cap = 0;
+
+	CHECK(f, "open /proc/kallsyms");
+	while (fgets(line, sizeof(line), f)) {
+		if (sscanf(line, "%llx %c %127s", &a, &type, name) != 3 || (type != 't' && type != 'T'))
+			continue;
+		if (nksyms == cap) {
+			cap = cap ? 2 * cap : 16384;
+			ksyms = realloc(ksyms, cap * sizeof(*ksyms));
+			CHECK(ksyms, "realloc");
+		}
+		ksyms[nksyms].addr = a;
+		snprintf(ksyms[nksyms].name, sizeof(ksyms[nksyms].name), "%.47s", name);
+		nksyms++;
+	}
+	fclose(f);
+	CHECK(nksyms > 1000 && ksyms[0].addr, "kallsyms: %zu text symbols (addresses hidden?)", nksyms);
+	qsort(ksyms, nksyms, sizeof(*ksyms), ksym_cmp);
+}
+
+/* The kernel function containing addr ("?" if none). */
+static const char *ksym_name(uint64_t addr)
+{
+	size_t lo = 0, hi = nksyms;
+
+	while (hi - lo > 1) {
+		size_t mid = (lo + hi) / 2;
+
+		if (ksyms[mid].addr <= addr)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return nksyms && ksyms[lo].addr <= addr ? ksyms[lo].name : "?";
+}
+
+/* User-mode recursion with frame pointers (hrperf_test is built -fno-omit-frame-pointer). */
+static volatile uint64_t sink;
+static volatile int spin_forever = 1;
+__attribute__((noinline)) static void spin_leaf(void)
+{
+	while (spin_forever)
+		for (int i = 0; i < 100000; i++)
+			sink += i;
+}
+__attribute__((noinline)) static void spin_depth(int n)
+{
+	if (n > 0)
+		spin_depth(n - 1);
+	else
+		spin_leaf();
+	sink++;		/* no tail call */
+}
+
+extern char __executable_start[], etext[];
+#define IN_TEXT(a) ((a) >= (uint64_t)(uintptr_t)__executable_start && (a) < (uint64_t)(uintptr_t)etext)
+
+struct stk_tally {
+	uint64_t records, lost, bad, kernel_recs, kernel_frames, max_kernel, truncated;
+	uint64_t sys_kernel, sys_read_path, sys_user_ok, usr_recs, usr_deep, comm_ok;
+	char example[512];
+};
+
+static void stk_bad(struct stk_tally *t, const struct stk_record *k, const char *why)
+{
+	if (t->bad++ < 3)
+		printf("llc-stack: bad record (%s): size %u misc %#x cpu %u pid %u comm %.16s flags %#x ip %#llx nk %u nu %u\n",
+		       why, k->header.size, k->header.misc, k->cpu, k->pid, k->comm, k->flags,
+		       (unsigned long long)k->ip, k->nr_kernel, k->nr_user);
+}
+
+static void stk_drain(struct session *s, uint32_t i, struct stk_tally *t, pid_t sys, pid_t usr)
+{
+	const struct hrperf_buffer_header *h = hdr_of(s, i);
+	const uint8_t *data = (const uint8_t *)h + h->data_offset;
+	uint64_t head = __atomic_load_n(&h->head, __ATOMIC_ACQUIRE);
+	uint64_t tail = h->tail, mask = h->data_size - 1;
+	struct hrperf_consume_arg c = { .size = sizeof(c), .cpu = h->cpu };
+
+	CHECK(h->magic == HRPERF_BUFFER_MAGIC && h->cpu == s->slots[i].cpu, "llc-stack buffer %u", i);
+	while (tail != head) {
+		const struct hrperf_record_header *r = (const void *)(data + (tail & mask));
+		const struct stk_record *k = (const void *)r;
+
+		CHECK(r->size >= 8 && r->size % 8 == 0 && r->size <= head - tail, "record size %u", r->size);
+		tail += r->size;
+		if (r->type == HRPERF_RECORD_LOST) {
+			t->lost += ((const struct hrperf_lost_record *)r)->lost;
+			continue;
+		}
+		if (r->type == HRPERF_RECORD_PAD)
+			continue;
+		if (r->type != STK_RECORD || r->size != STK_FIXED + 8u * (k->nr_kernel + k->nr_user) ||
+		    k->cpu != h->cpu || k->nr_kernel > 64 || k->nr_user > 127) {
+			stk_bad(t, k, "layout");
+			continue;
+		}
+		t->records++;
+		if (k->flags & STK_KERNEL_TRUNCATED)
+			t->truncated++;
+		if ((pid_t)k->pid == sys || (pid_t)k->pid == usr) {
+			if (strncmp(k->comm, "hrperf_test", 16)) {
+				stk_bad(t, k, "comm of our child");
+				continue;
+			}
+			t->comm_ok++;
+		}
+		if (!k->pid && k->nr_user) {
+			stk_bad(t, k, "idle task with a user stack");
+			continue;
+		}
+		if (k->nr_kernel) {
+			int ok = (k->flags & STK_KERNEL_IP) && (r->misc & HRPERF_MISC_KERNEL) &&
+				 k->frames[0] == k->ip;
+
+			for (int f = 0; f < k->nr_kernel; f++)
+				ok &= k->frames[f] >= KERNEL_BASE;
+			if (!ok) {
+				stk_bad(t, k, "kernel frames");
+				continue;
+			}
+			t->kernel_recs++;
+			t->kernel_frames += k->nr_kernel;
+			if (k->nr_kernel > t->max_kernel)
+				t->max_kernel = k->nr_kernel;
+		} else if (k->flags & STK_KERNEL_IP) {
+			stk_bad(t, k, "kernel ip, no kernel stack");
+			continue;
+		}
+		if ((pid_t)k->pid == sys && k->nr_kernel) {
+			int read_path = 0;
+
+			t->sys_kernel++;
+			for (int f = 0; f < k->nr_kernel; f++)
+				read_path |= strstr(ksym_name(k->frames[f]), "read") != NULL;
+			t->sys_read_path += read_path;
+			/* The user stack of a syscall starts at the libc read() return site. */
+			t->sys_user_ok += k->nr_user >= 1 && IN_TEXT(k->frames[k->nr_kernel]);
+			if (read_path && !t->example[0]) {
+				int n = snprintf(t->example, sizeof(t->example), "pid %u comm %s kernel:",
+						 k->pid, k->comm);
+
+				for (int f = 0; f < k->nr_kernel && n < 400; f++)
+					n += snprintf(t->example + n, sizeof(t->example) - n, " %s",
+						      ksym_name(k->frames[f]));
+				n += snprintf(t->example + n, sizeof(t->example) - n, " | user:");
+				for (int f = k->nr_kernel; f < k->nr_kernel + k->nr_user && n < 480; f++)
+					n += snprintf(t->example + n, sizeof(t->example) - n, " %#llx",
+						      (unsigned long long)k->frames[f]);
+			}
+		}
+		if ((pid_t)k->pid == usr && !k->nr_kernel && k->nr_user) {
+			int ok = k->frames[0] == k->ip;
+
+			t->usr_recs++;
+			/* spin_leaf <- spin_depth x9 <- main ...: all in our text */
+			for (int f = 0; f < k->nr_user && f < 10; f++)
+				ok &= IN_TEXT(k->frames[f]);
+			t->usr_deep += ok && k->nr_user >= 10;
+		}
+	}
+	c.tail = tail;
+	CHECK(ioctl(s->fd, HRPERF_IOC_CONSUME, &c) == 0, "CONSUME cpu %u", h->cpu);
+}
+
+static void stk_create_refused(int fd, uint32_t mode, const void *arg, uint32_t len, int want,
+			       const char *what)
+{
+	struct hrperf_session_create c;
+	int r;
+
+	memset(&c, 0, sizeof(c));
+	c.size = sizeof(c);
+	strcpy(c.format_name, "llc-stack");
+	c.mode = mode;
+	c.nr_events = 1;
+	c.events[0].type = HRPERF_EVENT_TYPE_SOFTWARE;
+	c.events[0].config = PERF_COUNT_SW_CPU_CLOCK;
+	c.sample_period = mode == HRPERF_MODE_OVERFLOW ? 100000 : 0;
+	c.poll_interval_ns = mode == HRPERF_MODE_POLL ? 1000000 : 0;
+	c.fmt_arg = (uintptr_t)arg;
+	c.fmt_arg_len = len;
+	r = ioctl(fd, HRPERF_IOC_CREATE, &c);
+	CHECK(r == -1 && errno == want, "CREATE llc-stack with %s: %d, want errno %d", what, r, want);
+	CHECK(ioctl(fd, HRPERF_IOC_START) == -1 && errno == EINVAL, "no session after refusal");
+}
+
+/*
+ * fmt-llc-stack: bad arguments are refused, never an oops. Then cpu-clock overflows
+ * every 200 us for `ms` while one child loops on read(/dev/zero, 64 KiB) (kernel time)
+ * and one spins at the bottom of a 10-deep user recursion: kernel stacks start with the
+ * ip and are all kernel addresses, the read() child's go through a *read* function of
+ * kallsyms and its user stack starts in our text; the spinning child's user stacks
+ * have >= 10 frames in our text; comm is the task's.
+ */
+static void test_llc_stack(unsigned ms)
+{
+	static const uint32_t ev[] = { PERF_COUNT_SW_CPU_CLOCK };
+	struct stk_arg a = { .size = sizeof(a) };
+	uint8_t big[32] = { 0 };
+	struct stk_tally t = { 0 };
+	struct hrperf_cpu_stats st[MAX_SLOTS];
+	struct session s;
+	pid_t sys, usr;
+	uint64_t end, overflows = 0;
+	int fd = dev_open(), r;
+
+	CHECK(format_listed(fd, "llc-stack"), "format llc-stack not listed");
+	a.max_kernel = 1025;
+	stk_create_refused(fd, HRPERF_MODE_OVERFLOW, &a, sizeof(a), EINVAL, "max_kernel 1025");
+	a.max_kernel = 0;
+	a.max_user = 60000;
+	stk_create_refused(fd, HRPERF_MODE_OVERFLOW, &a, sizeof(a), EINVAL, "max_user 60000");
+	a.max_user = 0;
+	a.flags = 1u << 7;
+	stk_create_refused(fd, HRPERF_MODE_OVERFLOW, &a, sizeof(a), EINVAL, "unknown flag");
+	a.flags = 0;
+	a.data_size = 1ull << 40;
+	stk_create_refused(fd, HRPERF_MODE_OVERFLOW, &a, sizeof(a), EINVAL, "data_size 1 TiB");
+	a.data_size = 0;
+	stk_create_refused(fd, HRPERF_MODE_OVERFLOW, &a, 20, EINVAL, "a 20-byte argument");
+	a.size = 12;
+	stk_create_refused(fd, HRPERF_MODE_OVERFLOW, &a, sizeof(a), EINVAL, "size != length");
+	a.size = sizeof(a);
+	memcpy(big, &a, sizeof(a));
+	big[0] = sizeof(big);
+	big[28] = 1;
+	stk_create_refused(fd, HRPERF_MODE_OVERFLOW, big, sizeof(big), E2BIG, "a non-zero tail");
+	stk_create_refused(fd, HRPERF_MODE_POLL, &a, sizeof(a), EINVAL, "poll mode");
+	stk_create_refused(fd, HRPERF_MODE_INSTRUCTED, &a, sizeof(a), EINVAL, "instructed mode");
+	close(fd);
+	printf("ok: llc-stack listed; CREATE refused: max_kernel/max_user > 1024, unknown flag, 1 TiB ring, short/mis-sized argument (EINVAL), non-zero tail (E2BIG), poll and instructed mode (EINVAL)\n");
+
+	ksyms_load();
+	session_create_fmt(&s, "llc-stack", &a, sizeof(a), HRPERF_MODE_OVERFLOW, ev, 1, 200000, 0, 0);
+	r = syscall(SYS_delete_module, "fmt_llc_stack", O_NONBLOCK);
+	CHECK(r == -1 && (errno == EBUSY || errno == EWOULDBLOCK), "rmmod fmt_llc_stack with a session open");
+	printf("ok: rmmod fmt_llc_stack refused while a session uses it (errno %d %s)\n", errno,
+	       strerror(errno));
+
+	sys = fork();
+	CHECK(sys >= 0, "fork");
+	if (sys == 0) {
+		static char buf[65536];
+		int z = open("/dev/zero", O_RDONLY);
+
+		for (;;)
+			if (read(z, buf, sizeof(buf)) < 0)
+				_exit(1);
+	}
+	usr = fork();
+	CHECK(usr >= 0, "fork");
+	if (usr == 0)
+		spin_depth(9);
+	CHECK(ioctl(s.fd, HRPERF_IOC_START) == 0, "START");
+	end = now_ns() + (uint64_t)ms * 1000000;
+	while (now_ns() < end) {
+		struct pollfd p = { .fd = s.fd, .events = POLLIN };
+
+		CHECK(poll(&p, 1, 50) >= 0, "poll");
+		for (uint32_t i = 0; i < s.count; i++)
+			stk_drain(&s, i, &t, sys, usr);
+	}
+	CHECK(ioctl(s.fd, HRPERF_IOC_STOP) == 0, "STOP");
+	kill(sys, SIGKILL);
+	kill(usr, SIGKILL);
+	waitpid(sys, NULL, 0);
+	waitpid(usr, NULL, 0);
+	for (uint32_t i = 0; i < s.count; i++)
+		stk_drain(&s, i, &t, sys, usr);
+	stats(&s, st);
+	for (uint32_t i = 0; i < s.count; i++)
+		overflows += st[i].overflows;
+	session_close(&s);
+
+	printf("llc-stack: %llu records (%llu overflows, %llu lost, %llu bad); %llu with kernel stacks (%llu frames, deepest %llu, %llu cut); read() child: %llu kernel samples, %llu through a *read* function, %llu with its user stack in our text; user-recursion child: %llu user samples, %llu with >= 10 frames in our text; comm right in %llu\n",
+	       (unsigned long long)t.records, (unsigned long long)overflows,
+	       (unsigned long long)t.lost, (unsigned long long)t.bad,
+	       (unsigned long long)t.kernel_recs, (unsigned long long)t.kernel_frames,
+	       (unsigned long long)t.max_kernel, (unsigned long long)t.truncated,
+	       (unsigned long long)t.sys_kernel, (unsigned long long)t.sys_read_path,
+	       (unsigned long long)t.sys_user_ok, (unsigned long long)t.usr_recs,
+	       (unsigned long long)t.usr_deep, (unsigned long long)t.comm_ok);
+	printf("llc-stack example: %s\n", t.example);
+	CHECK(t.records > 0 && t.bad == 0, "llc-stack records");
+	CHECK(t.records + t.lost == overflows, "records + lost != overflows");
+	CHECK(t.kernel_recs > 0 && t.kernel_frames > t.kernel_recs, "no kernel stacks deeper than the ip");
+	CHECK(t.sys_kernel >= 10 && t.sys_read_path * 4 >= t.sys_kernel * 3,
+	      "read() child: kernel stacks not through a read function");
+	CHECK(t.sys_user_ok * 10 >= t.sys_kernel * 9, "read() child: user stacks");
+	CHECK(t.usr_recs >= 10 && t.usr_deep * 10 >= t.usr_recs * 9, "user recursion stacks");
+	printf("ok: llc-stack records carry kernel stacks (via kallsyms: the read path), user frame-pointer stacks and comm\n");
+}
+
 int main(int argc, char **argv)
 {
 	const char *what = argc > 1 ? argv[1] : "";
@@ -1017,7 +1360,9 @@ int main(int argc, char **argv)
 		test_pebs();
 	else if (!strcmp(what, "aggregate"))
 		test_aggregate(a1 ? a1 : 1000);
+	else if (!strcmp(what, "llc-stack"))
+		test_llc_stack(a1 ? a1 : 1000);
 	else
-		fail("usage: hrperf_test info|overflow|poll|instructed|mmap|busy-format|busy-core|abuse|quick|pebs|aggregate");
+		fail("usage: hrperf_test info|overflow|poll|instructed|mmap|busy-format|busy-core|abuse|quick|pebs|aggregate|llc-stack");
 	return 0;
 }

@@ -15,6 +15,15 @@
 //!   leader has a ring of `1 + mmap_pages` pages. `PERF_RECORD_LOST`/`LOST_SAMPLES` are
 //!   counted per CPU into [`Finish::lost`]; `PERF_RECORD_THROTTLE` is counted
 //!   ([`PerfSource::stats`]) and reported as a note.
+//! - **Call stacks** ([`Source::want_stacks`], for stack formats): the leader also samples
+//!   `PERF_SAMPLE_CALLCHAIN` (with `exclude_callchain_kernel`/`_user` for the stacks not
+//!   wanted) and `comm`, so `PERF_RECORD_COMM` names the tasks. Each callchain is split at
+//!   its context markers (`PERF_CONTEXT_KERNEL`/`_USER`; other markers are skipped) into
+//!   kernel and user frames, innermost first, kept in an arena per [`Source::next`] call
+//!   and handed out by [`Source::stack`]. A task whose `COMM` was not seen is named from
+//!   `/proc/<pid>/task/<tid>/comm` once (empty if it is gone). A callchain whose `nr`
+//!   claims more entries than its record holds is cut to what it holds and counted in
+//!   [`PerfCpuStats::bad_callchains`].
 //! - **Poll mode** ([`Sampling::Poll`]): no interrupts; every `interval_ns` (absolute
 //!   deadlines on `CLOCK_MONOTONIC`, so no drift) each CPU's group is read with one
 //!   `read(2)` and becomes one `SAMPLE_POLL` sample timed right after that read. When the
@@ -82,19 +91,23 @@ use hrperf_abi::{MAX_COUNTERS, MAX_CPUS};
 pub use events::{known_events, parse_events};
 
 use self::events::needs_pmu;
+pub use self::ring::{split_callchain, PERF_CONTEXT_KERNEL, PERF_CONTEXT_MAX, PERF_CONTEXT_USER};
+
 use self::ring::{
-    Ring, SampleLayout, MISC_CPUMODE_MASK, MISC_GUEST_KERNEL, MISC_KERNEL, PERF_RECORD_LOST,
-    PERF_RECORD_LOST_SAMPLES, PERF_RECORD_SAMPLE, PERF_RECORD_THROTTLE, PERF_RECORD_UNTHROTTLE,
+    Ring, SampleLayout, MISC_CPUMODE_MASK, MISC_GUEST_KERNEL, MISC_KERNEL, PERF_RECORD_COMM,
+    PERF_RECORD_LOST, PERF_RECORD_LOST_SAMPLES, PERF_RECORD_SAMPLE, PERF_RECORD_THROTTLE,
+    PERF_RECORD_UNTHROTTLE,
 };
 use self::sys::{
-    ChildExit, HeldChild, LinuxSys, PerfEventAttr, Sys, ATTR_DISABLED, ATTR_ENABLE_ON_EXEC,
+    ChildExit, HeldChild, LinuxSys, PerfEventAttr, Sys, ATTR_COMM, ATTR_COMM_EXEC, ATTR_DISABLED,
+    ATTR_ENABLE_ON_EXEC, ATTR_EXCLUDE_CALLCHAIN_KERNEL, ATTR_EXCLUDE_CALLCHAIN_USER,
     ATTR_EXCLUDE_HV, ATTR_EXCLUDE_KERNEL, ATTR_EXCLUDE_USER, ATTR_FREQ, ATTR_INHERIT,
     ATTR_PRECISE_IP_SHIFT, ATTR_USE_CLOCKID, ATTR_WATERMARK, IOC_DISABLE, IOC_ENABLE,
     IOC_FLAG_GROUP, PERF_ATTR_SIZE, PERF_FLAG_FD_CLOEXEC, PERF_FORMAT_GROUP, PERF_FORMAT_ID,
-    PERF_SAMPLE_ADDR, PERF_SAMPLE_CPU, PERF_SAMPLE_IP, PERF_SAMPLE_PERIOD, PERF_SAMPLE_READ,
-    PERF_SAMPLE_TID, PERF_SAMPLE_TIME,
+    PERF_SAMPLE_ADDR, PERF_SAMPLE_CALLCHAIN, PERF_SAMPLE_CPU, PERF_SAMPLE_IP, PERF_SAMPLE_PERIOD,
+    PERF_SAMPLE_READ, PERF_SAMPLE_TID, PERF_SAMPLE_TIME,
 };
-use super::{EventSpec, Finish, Progress, RawSample, Source, SourceError, SourceInfo};
+use super::{EventSpec, Finish, Progress, RawSample, SampleStack, Source, SourceError, SourceInfo};
 
 /// `sample_type` of the leader in overflow mode.
 const SAMPLE_TYPE: u64 = PERF_SAMPLE_IP
@@ -259,6 +272,36 @@ pub struct PerfCpuStats {
     pub unthrottles: u64,
     /// Ring bytes skipped because a record header was impossible (never seen in practice).
     pub corrupt_bytes: u64,
+    /// Samples whose callchain claimed more entries than the record holds (the stack
+    /// was cut to what it holds; the sample was kept).
+    pub bad_callchains: u64,
+}
+
+/// `comm` length of a task (`TASK_COMM_LEN`).
+const COMM_LEN: usize = 16;
+
+/// Where one sample's stacks lie in a [`StackBatch`].
+#[derive(Clone, Copy, Debug)]
+struct StackSpan {
+    kernel: (usize, usize),
+    user: (usize, usize),
+    comm: [u8; COMM_LEN],
+}
+
+/// The stacks of the samples one [`Source::next`] call appended, in order.
+#[derive(Debug, Default)]
+struct StackBatch {
+    kernel: Vec<u64>,
+    user: Vec<u64>,
+    spans: Vec<StackSpan>,
+}
+
+impl StackBatch {
+    fn clear(&mut self) {
+        self.kernel.clear();
+        self.user.clear();
+        self.spans.clear();
+    }
 }
 
 /// One CPU's group.
@@ -337,6 +380,14 @@ pub struct PerfSource {
     missed_polls: u64,
     notes: Vec<String>,
     read_buf: Vec<u8>,
+    /// The configuration, to reopen the counters when stacks are asked for.
+    config: PerfConfig,
+    /// `(kernel, user)` call stacks asked for by [`Source::want_stacks`].
+    stacks: Option<(bool, bool)>,
+    /// Stacks of the last `next` call's samples.
+    batch: StackBatch,
+    /// Command names by tid, from `PERF_RECORD_COMM` (or `/proc` once).
+    comms: HashMap<u32, [u8; COMM_LEN]>,
 }
 
 impl std::fmt::Debug for PerfSource {
@@ -433,6 +484,10 @@ impl PerfSource {
             missed_polls: 0,
             notes: Vec::new(),
             read_buf: vec![0; 8 + 16 * n],
+            config: config.clone(),
+            stacks: None,
+            batch: StackBatch::default(),
+            comms: HashMap::new(),
         };
         // On any error below, Drop closes what was opened and disposes of the held child.
         if let Some(cmd) = &command {
@@ -527,6 +582,16 @@ impl PerfSource {
             }
             if config.sampling.mode() == MODE_OVERFLOW {
                 a.sample_type = SAMPLE_TYPE;
+                if let Some((kernel, user)) = self.stacks {
+                    a.sample_type |= PERF_SAMPLE_CALLCHAIN;
+                    a.flags |= ATTR_COMM | ATTR_COMM_EXEC;
+                    if !kernel {
+                        a.flags |= ATTR_EXCLUDE_CALLCHAIN_KERNEL;
+                    }
+                    if !user {
+                        a.flags |= ATTR_EXCLUDE_CALLCHAIN_USER;
+                    }
+                }
                 // Wake poll() when a quarter of the ring is full; next() also drains on
                 // every call, so small timeouts still see samples promptly.
                 a.flags |= ATTR_WATERMARK;
@@ -855,6 +920,8 @@ impl PerfSource {
     fn drain_all(&mut self, out: &mut Vec<RawSample>) {
         let nr = self.info.events.len();
         let layout = self.layout;
+        let stacks = self.stacks.is_some();
+        let (batch, comms, sys) = (&mut self.batch, &mut self.comms, &self.sys);
         // Task targets get per-thread values in samples (see the module docs).
         let per_thread = self.target_pid != 0;
         for g in &mut self.groups {
@@ -889,6 +956,19 @@ impl PerfSource {
                                 }
                             }
                             let mode = s.misc & MISC_CPUMODE_MASK;
+                            if stacks {
+                                let (k0, u0) = (batch.kernel.len(), batch.user.len());
+                                s.callchain_into(&rec, &mut batch.kernel, &mut batch.user);
+                                stats.bad_callchains += u64::from(s.chain_cut);
+                                let comm = *comms
+                                    .entry(s.tid)
+                                    .or_insert_with(|| proc_comm(&**sys, s.pid, s.tid));
+                                batch.spans.push(StackSpan {
+                                    kernel: (k0, batch.kernel.len()),
+                                    user: (u0, batch.user.len()),
+                                    comm,
+                                });
+                            }
                             out.push(RawSample {
                                 cpu: s.cpu,
                                 kind: SAMPLE_OVERFLOW,
@@ -908,6 +988,18 @@ impl PerfSource {
                     },
                     PERF_RECORD_LOST => stats.lost += rec.u64_at(16).unwrap_or(0),
                     PERF_RECORD_LOST_SAMPLES => stats.lost += rec.u64_at(8).unwrap_or(0),
+                    PERF_RECORD_COMM => {
+                        if let Some(tid) = rec.u32_at(12) {
+                            let mut comm = [0u8; COMM_LEN];
+                            for (i, c) in comm.iter_mut().enumerate() {
+                                match rec.bytes_at::<1>(16 + i) {
+                                    Some([b]) if b != 0 => *c = b,
+                                    _ => break,
+                                }
+                            }
+                            comms.insert(tid, comm);
+                        }
+                    }
                     PERF_RECORD_THROTTLE => stats.throttles += 1,
                     PERF_RECORD_UNTHROTTLE => stats.unthrottles += 1,
                     _ => {}
@@ -1309,6 +1401,7 @@ impl Source for PerfSource {
         out: &mut Vec<RawSample>,
         timeout: Duration,
     ) -> Result<Progress, SourceError> {
+        self.batch.clear();
         match self.phase {
             Phase::Created => Err(SourceError::Config("next() before start()".into())),
             Phase::Drained | Phase::Closed => Ok(Progress::Finished),
@@ -1317,6 +1410,54 @@ impl Source for PerfSource {
                 _ => self.next_overflow(out, timeout),
             },
         }
+    }
+
+    fn has_stacks(&self) -> bool {
+        true
+    }
+
+    /// Reopens the counters so that the leader samples `PERF_SAMPLE_CALLCHAIN` (kernel
+    /// and/or user frames) and reports `COMM`s. Only before [`Source::start`], and only in
+    /// overflow mode; asking for neither stack changes nothing.
+    fn want_stacks(&mut self, kernel: bool, user: bool) -> Result<(), SourceError> {
+        if self.phase != Phase::Created {
+            return Err(SourceError::Config(
+                "call stacks must be asked for before the perf source starts".into(),
+            ));
+        }
+        if !kernel && !user {
+            return Ok(());
+        }
+        if self.sampling.mode() != MODE_OVERFLOW {
+            return Err(SourceError::Config(
+                "call stacks need overflow sampling (-c PERIOD or -F FREQ), not poll mode".into(),
+            ));
+        }
+        if self.stacks == Some((kernel, user)) {
+            return Ok(());
+        }
+        self.stacks = Some((kernel, user));
+        self.layout = SampleLayout::new(SAMPLE_TYPE | PERF_SAMPLE_CALLCHAIN, READ_FORMAT);
+        self.close_groups();
+        let pid = if self.target_pid != 0 {
+            self.target_pid as i32
+        } else {
+            -1
+        };
+        let config = self.config.clone();
+        for &cpu in &self.info.cpus.clone() {
+            self.open_group(&config, pid, cpu)?;
+        }
+        Ok(())
+    }
+
+    fn stack(&self, index: usize) -> Option<SampleStack<'_>> {
+        let span = self.batch.spans.get(index)?;
+        Some(SampleStack {
+            kernel: self.batch.kernel.get(span.kernel.0..span.kernel.1)?,
+            user: self.batch.user.get(span.user.0..span.user.1)?,
+            comm: hrperf_abi::name_bytes(&span.comm),
+        })
     }
 
     /// `CTRL_MASK` disables that CPU's group until [`PerfSource::restart`];
@@ -1360,8 +1501,20 @@ impl Source for PerfSource {
     }
 }
 
-impl Drop for PerfSource {
-    fn drop(&mut self) {
+/// A task's command name from `/proc` (empty if it cannot be read).
+fn proc_comm(sys: &dyn Sys, pid: u32, tid: u32) -> [u8; COMM_LEN] {
+    let mut comm = [0u8; COMM_LEN];
+    if let Ok(text) = sys.read_file(&format!("/proc/{pid}/task/{tid}/comm")) {
+        let name = text.trim_end_matches('\n').as_bytes();
+        let n = name.len().min(COMM_LEN - 1);
+        comm[..n].copy_from_slice(&name[..n]);
+    }
+    comm
+}
+
+impl PerfSource {
+    /// Unmaps every ring and closes every counter.
+    fn close_groups(&mut self) {
         for g in self.groups.drain(..) {
             if let Some(ring) = g.ring {
                 let (ptr, len) = ring.mapping();
@@ -1373,6 +1526,12 @@ impl Drop for PerfSource {
                 self.sys.close(fd);
             }
         }
+    }
+}
+
+impl Drop for PerfSource {
+    fn drop(&mut self) {
+        self.close_groups();
         match std::mem::replace(&mut self.child, Child::None) {
             Child::Held(h) => {
                 self.sys.close(h.go_fd);

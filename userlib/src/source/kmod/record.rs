@@ -24,6 +24,11 @@
 //!
 //! Nothing is dropped silently: the kernel counts drops per CPU (LOST records in band,
 //! totals in the buffer header); the STATS chunk carries the kernel's per-CPU counts.
+//!
+//! **Stack formats** (`FMT_FL_STACKS`, e.g. llc-stack): the kernel captures the stacks
+//! into the records itself; the recorder adds what symbolizing them needs later
+//! ([`crate::symsnap`]): `/proc/kallsyms` at the start, and the maps of every process
+//! seen in a stack record.
 
 use std::ffi::CString;
 use std::io::Write;
@@ -32,12 +37,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use hrperf_abi::capture::{EndInfo, CLOCK_PERF, SOURCE_KMOD};
+use hrperf_abi::format::FMT_FL_STACKS;
 use hrperf_abi::ioctl::CpuStats;
+use hrperf_fmt_llc_stack::record::StackRecord;
 
 use super::sys::{wall_ns, HeldChild};
 use super::{ioctl_error, KmodConfig, KmodError, KmodSys, Session, ENV_FD};
 use crate::capture::{CaptureMeta, Writer};
 use crate::record::{Live, RecordSummary};
+use crate::symsnap::SymbolSnapshots;
 
 /// Reader wake-up interval when the format sends no NOTIFY (ms).
 pub const DEFAULT_DRAIN_MS: u32 = 100;
@@ -69,6 +77,12 @@ pub struct Recorder<W: Write> {
     started_ns: Option<u64>,
     stopped_ns: Option<u64>,
     drains: u64,
+    /// Symbol snapshots, for a stack format.
+    snapshots: Option<SymbolSnapshots>,
+    /// Stack records drained.
+    stacks: u64,
+    /// Notes for the summary (e.g. kallsyms unreadable).
+    notes: Vec<String>,
 }
 
 /// The capture metadata of a session.
@@ -120,8 +134,15 @@ impl<W: Write> Recorder<W> {
         host_info: bool,
     ) -> Result<Self, KmodError> {
         let meta = capture_meta(&session, command, host_info);
-        let writer = Writer::with_name(out, name, &meta)?;
+        let mut writer = Writer::with_name(out, name, &meta)?;
         let sys = session.sys.clone();
+        let mut notes = Vec::new();
+        let mut snapshots = None;
+        if session.format().flags & FMT_FL_STACKS != 0 {
+            let mut snap = SymbolSnapshots::new();
+            notes.extend(snap.write_kallsyms(&mut writer)?);
+            snapshots = Some(snap);
+        }
         Ok(Recorder {
             session,
             writer,
@@ -130,6 +151,9 @@ impl<W: Write> Recorder<W> {
             started_ns: None,
             stopped_ns: None,
             drains: 0,
+            snapshots,
+            stacks: 0,
+            notes,
         })
     }
 
@@ -169,7 +193,16 @@ impl<W: Write> Recorder<W> {
             if n > 0 {
                 self.writer.write_chunk(cpu, &self.chunk, n)?;
                 total += n;
+                if let Some(snap) = self.snapshots.as_mut() {
+                    for pid in stack_pids(&self.chunk) {
+                        self.stacks += 1;
+                        snap.note_pid(pid, &mut self.writer)?;
+                    }
+                }
             }
+        }
+        if let Some(snap) = self.snapshots.as_mut() {
+            snap.refresh(&mut self.writer)?;
         }
         self.drains += 1;
         if self.drains % 100 == 0 {
@@ -216,6 +249,8 @@ impl<W: Write> Recorder<W> {
         let stats = self.session.stats()?;
         self.writer.write_stats(&stats)?;
         let mut s = summarize(&stats);
+        s.stacks = self.stacks;
+        s.notes = std::mem::take(&mut self.notes);
         s.exit_status = exit_status;
         s.records = self.writer.records_written();
         s.elapsed_ns = self.elapsed_ns();
@@ -234,6 +269,23 @@ impl<W: Write> Recorder<W> {
         let _ = self.session.destroy();
         Ok(s)
     }
+}
+
+/// The pid of every stack record in `chunk` (records as the ring holds them).
+fn stack_pids(chunk: &[u8]) -> impl Iterator<Item = u32> + '_ {
+    let mut off = 0;
+    std::iter::from_fn(move || loop {
+        let h = chunk.get(off..off + 8)?;
+        let size = usize::from(u16::from_ne_bytes([h[6], h[7]]));
+        let rec = chunk.get(off..off + size)?;
+        if size < 8 {
+            return None;
+        }
+        off += size;
+        if let Ok(r) = StackRecord::parse(rec) {
+            return Some(r.fixed.pid);
+        }
+    })
 }
 
 /// Totals of the kernel's per-CPU statistics.
@@ -492,4 +544,37 @@ fn read_trimmed(path: &str) -> String {
     std::fs::read_to_string(path)
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod stack_tests {
+    use hrperf_fmt_llc_stack::record::{encode, StackFixed};
+
+    use super::stack_pids;
+
+    #[test]
+    fn stack_pids_skips_other_records_and_stops_at_damage() {
+        let mut chunk = Vec::new();
+        let rec = |pid| StackFixed {
+            pid,
+            ..StackFixed::default()
+        };
+        assert!(encode(
+            &mut chunk,
+            &rec(7),
+            &[0xffff_ffff_8100_0000],
+            &[0x40_1000]
+        ));
+        // A LOST record (type 1, 16 bytes) between two stack records.
+        chunk.extend(1u32.to_ne_bytes());
+        chunk.extend(0u16.to_ne_bytes());
+        chunk.extend(16u16.to_ne_bytes());
+        chunk.extend(5u64.to_ne_bytes());
+        assert!(encode(&mut chunk, &rec(9), &[], &[0x40_2000, 0x40_3000]));
+        assert_eq!(stack_pids(&chunk).collect::<Vec<_>>(), [7, 9]);
+        // A zero size or a record running past the end ends the walk, never panics.
+        chunk.extend([0u8; 8]);
+        assert_eq!(stack_pids(&chunk).count(), 2);
+        assert_eq!(stack_pids(&chunk[..chunk.len() - 20]).count(), 1);
+    }
 }

@@ -15,10 +15,12 @@ use hrperf_abi::MAX_COUNTERS;
 
 use super::sys::{
     MMAP_DATA_HEAD, MMAP_DATA_OFFSET, MMAP_DATA_SIZE, MMAP_DATA_TAIL, PERF_FORMAT_GROUP,
-    PERF_FORMAT_ID, PERF_SAMPLE_ADDR, PERF_SAMPLE_CPU, PERF_SAMPLE_IP, PERF_SAMPLE_PERIOD,
-    PERF_SAMPLE_READ, PERF_SAMPLE_TID, PERF_SAMPLE_TIME,
+    PERF_FORMAT_ID, PERF_SAMPLE_ADDR, PERF_SAMPLE_CALLCHAIN, PERF_SAMPLE_CPU, PERF_SAMPLE_IP,
+    PERF_SAMPLE_PERIOD, PERF_SAMPLE_READ, PERF_SAMPLE_TID, PERF_SAMPLE_TIME,
 };
 
+/// `PERF_RECORD_COMM`: `{ header, u32 pid, u32 tid, char comm[] }`.
+pub const PERF_RECORD_COMM: u32 = 3;
 /// `PERF_RECORD_LOST`: `{ header, u64 id, u64 lost }`.
 pub const PERF_RECORD_LOST: u32 = 2;
 /// `PERF_RECORD_THROTTLE`.
@@ -29,6 +31,13 @@ pub const PERF_RECORD_UNTHROTTLE: u32 = 6;
 pub const PERF_RECORD_SAMPLE: u32 = 9;
 /// `PERF_RECORD_LOST_SAMPLES`: `{ header, u64 lost }`.
 pub const PERF_RECORD_LOST_SAMPLES: u32 = 13;
+
+/// Callchain context marker: the frames that follow are kernel frames.
+pub const PERF_CONTEXT_KERNEL: u64 = -128i64 as u64;
+/// Callchain context marker: the frames that follow are user frames.
+pub const PERF_CONTEXT_USER: u64 = -512i64 as u64;
+/// Callchain entries at or above this value are context markers, not addresses.
+pub const PERF_CONTEXT_MAX: u64 = -4095i64 as u64;
 
 /// `PERF_RECORD_MISC_CPUMODE_MASK`.
 pub const MISC_CPUMODE_MASK: u16 = 7;
@@ -247,6 +256,9 @@ pub struct SampleLayout {
     cpu: Option<usize>,
     period: Option<usize>,
     read: Option<usize>,
+    /// Offset just past the fixed-size fields (where `READ` starts, if present).
+    end_fixed: usize,
+    callchain: bool,
     with_ids: bool,
     group: bool,
 }
@@ -276,6 +288,58 @@ pub struct Sample {
     pub ids: [u64; MAX_COUNTERS],
     /// Valid entries in `values`/`ids`.
     pub nr: usize,
+    /// `PERF_SAMPLE_CALLCHAIN`: offset in the record of the first entry.
+    pub chain_off: usize,
+    /// Callchain entries present in the record (at most what `nr` declared).
+    pub chain_len: usize,
+    /// The callchain's `nr` claimed more entries than the record holds (cut to
+    /// `chain_len`).
+    pub chain_cut: bool,
+}
+
+impl Sample {
+    /// Appends the sample's callchain, split at its context markers, to `kernel` and
+    /// `user` (see [`split_callchain`]); nothing without `PERF_SAMPLE_CALLCHAIN`.
+    pub fn callchain_into(&self, rec: &Record<'_>, kernel: &mut Vec<u64>, user: &mut Vec<u64>) {
+        let kernel_ip = matches!(
+            self.misc & MISC_CPUMODE_MASK,
+            MISC_KERNEL | MISC_GUEST_KERNEL
+        );
+        let entries = (0..self.chain_len).map_while(|i| rec.u64_at(self.chain_off + 8 * i));
+        split_callchain(entries, kernel_ip, kernel, user);
+    }
+}
+
+/// Splits `PERF_SAMPLE_CALLCHAIN` entries (innermost first) at the context markers:
+/// frames after [`PERF_CONTEXT_KERNEL`] go to `kernel`, after [`PERF_CONTEXT_USER`] to
+/// `user`; other markers (hypervisor, guest; every value at or above
+/// [`PERF_CONTEXT_MAX`]) are skipped and leave the context as it was. Frames before any
+/// marker belong to the kernel if `kernel_ip` (the sample's cpumode says so), else to
+/// the user. Returns the number of frames appended.
+pub fn split_callchain(
+    entries: impl IntoIterator<Item = u64>,
+    kernel_ip: bool,
+    kernel: &mut Vec<u64>,
+    user: &mut Vec<u64>,
+) -> usize {
+    let mut in_kernel = kernel_ip;
+    let mut n = 0;
+    for e in entries {
+        match e {
+            PERF_CONTEXT_KERNEL => in_kernel = true,
+            PERF_CONTEXT_USER => in_kernel = false,
+            m if m >= PERF_CONTEXT_MAX => {}
+            ip => {
+                if in_kernel {
+                    kernel.push(ip);
+                } else {
+                    user.push(ip);
+                }
+                n += 1;
+            }
+        }
+    }
+    n
 }
 
 impl SampleLayout {
@@ -299,6 +363,8 @@ impl SampleLayout {
         let period = field(PERF_SAMPLE_PERIOD, 8);
         let read = field(PERF_SAMPLE_READ, 0);
         SampleLayout {
+            end_fixed: off,
+            callchain: sample_type & PERF_SAMPLE_CALLCHAIN != 0,
             ip,
             tid,
             time,
@@ -311,7 +377,9 @@ impl SampleLayout {
         }
     }
 
-    /// Decodes a `PERF_RECORD_SAMPLE`; `None` if it is shorter than the layout says.
+    /// Decodes a `PERF_RECORD_SAMPLE`; `None` if it is shorter than the layout says. A
+    /// callchain whose `nr` claims more entries than the record holds is cut to what it
+    /// holds ([`Sample::chain_cut`]); the rest of the sample is kept.
     pub fn parse(&self, rec: &Record<'_>) -> Option<Sample> {
         let (_, misc, _) = rec.header()?;
         let mut s = Sample {
@@ -330,6 +398,7 @@ impl SampleLayout {
             s.cpu = rec.u32_at(o)?;
         }
         s.period = get(self.period)?;
+        let mut end = self.end_fixed;
         if let Some(mut o) = self.read {
             let stride = if self.with_ids { 16 } else { 8 };
             let nr = if self.group {
@@ -349,6 +418,14 @@ impl SampleLayout {
                 }
             }
             s.nr = nr;
+            end = o + nr * stride;
+        }
+        if self.callchain {
+            let declared = rec.u64_at(end)?;
+            s.chain_off = end + 8;
+            let room = (rec.len().saturating_sub(s.chain_off) / 8) as u64;
+            s.chain_len = declared.min(room) as usize;
+            s.chain_cut = declared > room;
         }
         Some(s)
     }

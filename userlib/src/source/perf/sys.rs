@@ -77,6 +77,9 @@ pub const ATTR_EXCLUDE_USER: u64 = 1 << 4;
 pub const ATTR_EXCLUDE_KERNEL: u64 = 1 << 5;
 /// `exclude_hv`.
 pub const ATTR_EXCLUDE_HV: u64 = 1 << 6;
+/// `comm`: `PERF_RECORD_COMM` records when a task's command name changes (exec,
+/// `prctl(PR_SET_NAME)`).
+pub const ATTR_COMM: u64 = 1 << 9;
 /// `freq`: `sample_freq` instead of `sample_period`.
 pub const ATTR_FREQ: u64 = 1 << 10;
 /// `enable_on_exec`.
@@ -85,6 +88,12 @@ pub const ATTR_ENABLE_ON_EXEC: u64 = 1 << 12;
 pub const ATTR_WATERMARK: u64 = 1 << 14;
 /// Shift of the two-bit `precise_ip` field.
 pub const ATTR_PRECISE_IP_SHIFT: u32 = 15;
+/// `exclude_callchain_kernel`: no kernel frames in `PERF_SAMPLE_CALLCHAIN`.
+pub const ATTR_EXCLUDE_CALLCHAIN_KERNEL: u64 = 1 << 21;
+/// `exclude_callchain_user`: no user frames in `PERF_SAMPLE_CALLCHAIN`.
+pub const ATTR_EXCLUDE_CALLCHAIN_USER: u64 = 1 << 22;
+/// `comm_exec`: `PERF_RECORD_COMM` of an exec carries `PERF_RECORD_MISC_COMM_EXEC`.
+pub const ATTR_COMM_EXEC: u64 = 1 << 24;
 /// `use_clockid`.
 pub const ATTR_USE_CLOCKID: u64 = 1 << 25;
 
@@ -98,6 +107,8 @@ pub const PERF_SAMPLE_TIME: u64 = 1 << 2;
 pub const PERF_SAMPLE_ADDR: u64 = 1 << 3;
 /// `PERF_SAMPLE_READ`.
 pub const PERF_SAMPLE_READ: u64 = 1 << 4;
+/// `PERF_SAMPLE_CALLCHAIN`: `u64 nr; u64 ips[nr]` after the `READ` values.
+pub const PERF_SAMPLE_CALLCHAIN: u64 = 1 << 5;
 /// `PERF_SAMPLE_CPU`.
 pub const PERF_SAMPLE_CPU: u64 = 1 << 7;
 /// `PERF_SAMPLE_PERIOD`.

@@ -738,3 +738,263 @@ fn cli_and_cpu_lists() {
     assert_eq!((c.target, c.workload), (Target::SystemWide, None));
     assert!(PerfConfig::from_cli(ev, Sampling::Period(1), false, None, vec![]).is_err());
 }
+
+/// `rec` (a sample from `sample_record`) with a callchain of `chain` appended, whose `nr`
+/// says `declared` entries (default: `chain.len()`).
+fn with_callchain(mut rec: Vec<u8>, chain: &[u64], declared: Option<u64>) -> Vec<u8> {
+    rec.extend_from_slice(&declared.unwrap_or(chain.len() as u64).to_ne_bytes());
+    for e in chain {
+        rec.extend_from_slice(&e.to_ne_bytes());
+    }
+    let size = rec.len() as u16;
+    rec[6..8].copy_from_slice(&size.to_ne_bytes());
+    rec
+}
+
+/// A `PERF_RECORD_COMM` for `pid`/`tid` named `name`, padded to 8 bytes.
+fn comm_record(pid: u32, tid: u32, name: &str) -> Vec<u8> {
+    let mut v = Vec::new();
+    v.extend_from_slice(&super::ring::PERF_RECORD_COMM.to_ne_bytes());
+    v.extend_from_slice(&0u16.to_ne_bytes());
+    v.extend_from_slice(&0u16.to_ne_bytes());
+    v.extend_from_slice(&pid.to_ne_bytes());
+    v.extend_from_slice(&tid.to_ne_bytes());
+    v.extend_from_slice(name.as_bytes());
+    v.push(0);
+    v.resize(v.len().next_multiple_of(8), 0);
+    let size = v.len() as u16;
+    v[6..8].copy_from_slice(&size.to_ne_bytes());
+    v
+}
+
+const HV: u64 = -32i64 as u64;
+
+#[test]
+fn split_callchain_follows_the_context_markers() {
+    let (mut k, mut u) = (Vec::new(), Vec::new());
+    let n = split_callchain(
+        [
+            PERF_CONTEXT_KERNEL,
+            0xffff_0001,
+            0xffff_0002,
+            HV,
+            0xffff_0003,
+            PERF_CONTEXT_USER,
+            0x4001,
+            0x4002,
+        ],
+        false,
+        &mut k,
+        &mut u,
+    );
+    assert_eq!(n, 5);
+    assert_eq!(
+        k,
+        [0xffff_0001, 0xffff_0002, 0xffff_0003],
+        "other markers are skipped"
+    );
+    assert_eq!(u, [0x4001, 0x4002]);
+    // No marker: the sample's cpumode decides.
+    let (mut k, mut u) = (Vec::new(), Vec::new());
+    split_callchain([1, 2], true, &mut k, &mut u);
+    split_callchain([3], false, &mut k, &mut u);
+    assert_eq!((k, u), (vec![1, 2], vec![3]));
+    // Only markers: nothing.
+    let (mut k, mut u) = (Vec::new(), Vec::new());
+    assert_eq!(
+        split_callchain([u64::MAX, PERF_CONTEXT_MAX], false, &mut k, &mut u),
+        0
+    );
+    assert!(k.is_empty() && u.is_empty());
+}
+
+#[test]
+fn want_stacks_reopens_the_leader_with_callchains() {
+    let fake = FakeSys::new();
+    let mut src = open(
+        &fake,
+        cfg("cpu-clock,page-faults", Sampling::Period(1000), cmd()),
+    )
+    .unwrap();
+    assert!(src.has_stacks());
+    let first: Vec<i32> = fake
+        .state()
+        .opens
+        .iter()
+        .map(|o| o.result.unwrap())
+        .collect();
+    src.want_stacks(true, false).unwrap();
+    let s = fake.state();
+    assert_eq!(s.opens.len(), 8, "2 CPUs x 2 events, opened twice");
+    for fd in &first {
+        assert!(s.closed.contains(fd), "the first counters are closed");
+    }
+    for pair in s.opens[4..].chunks(2) {
+        let (leader, member) = (&pair[0].attr, &pair[1].attr);
+        assert_eq!(leader.sample_type, SAMPLE_TYPE | PERF_SAMPLE_CALLCHAIN);
+        assert_eq!(
+            leader.flags & (ATTR_COMM | ATTR_COMM_EXEC | ATTR_EXCLUDE_CALLCHAIN_USER),
+            ATTR_COMM | ATTR_COMM_EXEC | ATTR_EXCLUDE_CALLCHAIN_USER
+        );
+        assert_eq!(leader.flags & ATTR_EXCLUDE_CALLCHAIN_KERNEL, 0);
+        assert!(
+            leader.flags & ATTR_ENABLE_ON_EXEC != 0,
+            "still enabled at exec"
+        );
+        assert_eq!(member.sample_type, 0, "members do not sample");
+        assert_eq!(pair[0].pid, CHILD_PID);
+    }
+    drop(s);
+    assert_eq!(src.groups.len(), 2);
+    // Asking again for the same is a no-op; user only flips the exclusion.
+    src.want_stacks(true, false).unwrap();
+    assert_eq!(fake.state().opens.len(), 8);
+    src.want_stacks(false, true).unwrap();
+    let s = fake.state();
+    let leader = &s.opens[8].attr;
+    assert_eq!(
+        leader.flags & (ATTR_EXCLUDE_CALLCHAIN_KERNEL | ATTR_EXCLUDE_CALLCHAIN_USER),
+        ATTR_EXCLUDE_CALLCHAIN_KERNEL
+    );
+    drop(s);
+    src.start().unwrap();
+    assert!(matches!(
+        src.want_stacks(true, true),
+        Err(SourceError::Config(m)) if m.contains("before")
+    ));
+}
+
+#[test]
+fn want_stacks_needs_overflow_mode() {
+    let fake = FakeSys::new();
+    let mut src = open(
+        &fake,
+        cfg(
+            "cpu-clock",
+            Sampling::Poll {
+                interval_ns: 1_000_000,
+            },
+            cmd(),
+        ),
+    )
+    .unwrap();
+    assert!(matches!(
+        src.want_stacks(true, true),
+        Err(SourceError::Config(m)) if m.contains("overflow")
+    ));
+    // Neither stack: nothing to do, not an error.
+    src.want_stacks(false, false).unwrap();
+}
+
+#[test]
+fn overflow_samples_carry_their_callchains_and_comms() {
+    let fake = FakeSys::new();
+    fake.state().child_runs_for = 1000;
+    fake.state().files.insert(
+        "/proc/42/task/45/comm".into(),
+        "from-proc-name-too-long\n".into(),
+    );
+    let c = PerfConfig {
+        mmap_pages: 1,
+        ..cfg("cpu-clock", Sampling::Period(1000), cmd())
+    };
+    let mut src = open(&fake, c).unwrap();
+    src.want_stacks(true, true).unwrap();
+    src.start().unwrap();
+    let l0 = src.groups[0].fds[0];
+    {
+        let mut s = fake.state();
+        let ring = s.rings.get_mut(&l0).unwrap();
+        // Wrap the ring so a callchain is split across its end.
+        ring.set_pos(4096 - 120);
+        ring.push(&comm_record(42, 43, "stackburn"));
+        // A kernel sample: kernel frames, a hypervisor marker, then user frames.
+        ring.push(&with_callchain(
+            sample_record(1, 0xffff_8100, 42, 43, 1_000, 0, 1000, &[(1000, id_of(l0))]),
+            &[
+                PERF_CONTEXT_KERNEL,
+                0xffff_8100,
+                0xffff_8200,
+                HV,
+                PERF_CONTEXT_USER,
+                0x401000,
+                0x402000,
+                0x403000,
+            ],
+            None,
+        ));
+        // A user sample of another thread (comm from /proc, cut to 15 bytes).
+        ring.push(&with_callchain(
+            sample_record(2, 0x401234, 42, 45, 2_000, 0, 1000, &[(2000, id_of(l0))]),
+            &[PERF_CONTEXT_USER, 0x401234, 0x405000],
+            None,
+        ));
+        // A callchain whose nr lies: cut to the entries present.
+        ring.push(&with_callchain(
+            sample_record(2, 0x401000, 42, 43, 3_000, 0, 1000, &[(3000, id_of(l0))]),
+            &[PERF_CONTEXT_USER, 0x401000],
+            Some(u64::MAX),
+        ));
+        // A garbage nr with no entries at all.
+        ring.push(&with_callchain(
+            sample_record(2, 0x401000, 42, 43, 4_000, 0, 1000, &[(4000, id_of(l0))]),
+            &[],
+            Some(1 << 40),
+        ));
+        // A sample whose record ends before its callchain's nr: corrupt, skipped.
+        ring.push(&sample_record(
+            2,
+            0x401000,
+            42,
+            43,
+            5_000,
+            0,
+            1000,
+            &[(5000, id_of(l0))],
+        ));
+    }
+    let mut out = vec![RawSample {
+        time_ns: 7,
+        ..out_placeholder()
+    }];
+    src.next(&mut out, Duration::ZERO).unwrap();
+    assert_eq!(out.len(), 1 + 4, "the placeholder and 4 samples");
+    let st = src.stack(0).unwrap();
+    assert_eq!(st.kernel, [0xffff_8100, 0xffff_8200]);
+    assert_eq!(st.user, [0x401000, 0x402000, 0x403000]);
+    assert_eq!(st.comm, b"stackburn");
+    let st = src.stack(1).unwrap();
+    assert!(st.kernel.is_empty());
+    assert_eq!(st.user, [0x401234, 0x405000]);
+    assert_eq!(st.comm, b"from-proc-name-");
+    let st = src.stack(2).unwrap();
+    assert_eq!(st.user, [0x401000]);
+    let st = src.stack(3).unwrap();
+    assert!(st.kernel.is_empty() && st.user.is_empty());
+    assert_eq!(src.stack(4), None);
+    let stats = src.stats()[0];
+    assert_eq!(stats.samples, 4);
+    assert_eq!(stats.bad_callchains, 2);
+    assert!(stats.corrupt_bytes > 0, "the record without its nr");
+    // The next call starts a new batch.
+    out.clear();
+    src.next(&mut out, Duration::ZERO).unwrap();
+    assert!(out.is_empty());
+    assert_eq!(src.stack(0), None);
+}
+
+fn out_placeholder() -> RawSample {
+    RawSample {
+        cpu: 0,
+        kind: SAMPLE_POLL,
+        pid: 0,
+        tid: 0,
+        time_ns: 0,
+        ip: 0,
+        kernel_ip: false,
+        addr: 0,
+        ovfl_counter: 0,
+        nr: 0,
+        raw: [0; MAX_COUNTERS],
+    }
+}
