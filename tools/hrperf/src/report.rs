@@ -26,6 +26,9 @@ pub fn run(mut a: ReportArgs) -> CliResult {
     if a.format.as_deref().unwrap_or(&reader.meta().format_name) == "llc-stack" {
         return crate::stack_report::run(&a, &reader);
     }
+    if a.stack_option().is_some() && a.format.as_deref().unwrap_or(&reader.meta().format_name) == "aggregate" {
+        return crate::stack_report::run_aggregate(&a, &reader);
+    }
     if let Some(opt) = a.stack_option() {
         let f = a.format.as_deref().unwrap_or(&reader.meta().format_name);
         return Err(CliError(format!("{opt} applies to llc-stack reports (call stacks), not to '{f}' captures")));

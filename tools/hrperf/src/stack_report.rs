@@ -5,19 +5,30 @@
 use std::io::{self, Write};
 use std::process::ExitCode;
 
+use hrperf::agg_report::RankBy;
 use hrperf::capture::Reader;
 use hrperf::stacks::{Edge, FrameFilter, FunctionStats, Profile, ProfileOptions, SortBy, WeightBy};
 use serde_json::{json, Value};
 
-use crate::args::{ReportArgs, StackSort};
+use crate::args::{ReportArgs, ReportBy, StackSort};
 use crate::{CliError, CliResult};
 
 /// Rows of the function table unless `--top` says otherwise.
 const DEFAULT_TOP: usize = 20;
 
 /// The options checked and turned into library configuration before any work.
-fn options(a: &ReportArgs) -> Result<(ProfileOptions, SortBy), CliError> {
-    if a.by.is_some() || a.time_series {
+fn options(a: &ReportArgs, aggregate: bool) -> Result<(ProfileOptions, SortBy), CliError> {
+    if aggregate && a.time_series {
+        return Err(CliError(
+            "--time-series prints the table of intervals: leave out the stack options (--folded, --flamegraph, ...)".into(),
+        ));
+    }
+    if aggregate && a.samples {
+        return Err(CliError(
+            "--samples does not apply to aggregates: a key's weight is its sample count already (or its counter sum with --by sum)".into(),
+        ));
+    }
+    if !aggregate && (a.by.is_some() || a.time_series) {
         return Err(CliError(
             "--by and --time-series apply to --format aggregate reports, not to llc-stack".into(),
         ));
@@ -53,8 +64,32 @@ fn options(a: &ReportArgs) -> Result<(ProfileOptions, SortBy), CliError> {
 
 /// Runs the llc-stack report.
 pub fn run(a: &ReportArgs, reader: &Reader) -> CliResult {
-    let (opts, sort) = options(a)?;
+    let (opts, sort) = options(a, false)?;
     let profile = Profile::from_reader(reader, &opts)?;
+    emit(a, reader, &profile, sort)
+}
+
+/// The stack views of a stack-keyed aggregate capture (`--agg-key stack`): each key's
+/// stacks weighted by its sample count (or counter sum with `--by sum`), then the same
+/// table, callers/callees, folded stacks and flame graph as for llc-stack captures.
+pub fn run_aggregate(a: &ReportArgs, reader: &Reader) -> CliResult {
+    let (opts, sort) = options(a, true)?;
+    let by = match a.by.unwrap_or(ReportBy::Count) {
+        ReportBy::Count => RankBy::Count,
+        ReportBy::Sum => RankBy::Sum,
+    };
+    let (profile, left_out) = hrperf::agg_report::stack_profile(reader, by, &opts)?;
+    if left_out > 0 {
+        eprintln!(
+            "[hrperf] note: {left_out} {} of keys whose stacks the kernel's stack table did not keep are left out",
+            if by == RankBy::Count { "samples" } else { "counter events" }
+        );
+    }
+    emit(a, reader, &profile, sort)
+}
+
+/// Prints what `a` asks for of `profile`.
+fn emit(a: &ReportArgs, reader: &Reader, profile: &Profile, sort: SortBy) -> CliResult {
     // A function asked for must exist before anything is printed or written.
     for name in [&a.callers, &a.callees].into_iter().flatten() {
         if profile.function(name).is_none() {

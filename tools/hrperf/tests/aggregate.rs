@@ -131,6 +131,16 @@ fn stack_key_counts_per_call_stack() {
     // The simulated program's stacks: kernel + user frames resolved from stack ids.
     assert!(rep.contains("key stack") && rep.contains("pid 1000 kstack - ustack 0x401810;0x401480;0x401200;0x401080"), "{rep}");
     assert!(rep.contains("kstack 0xffffffff81000510;"), "{rep}");
+    // The same stacks symbolized and folded, weighted by their counts: every sample once.
+    let folded = ok(&hrperf(&["report", f, "--folded"]));
+    let total: u64 = folded.lines().map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum();
+    assert!(rep.contains(&format!("  {total} samples in ")), "{total} vs {rep}");
+    assert!(folded.lines().any(|l| l.starts_with("main;run_queries;scan_table;__libc_read;entry_SYSCALL_64;") && l.contains(";vfs_read;copy_user_generic ")), "{folded}");
+    let svg = d.join("agg.svg");
+    ok(&hrperf(&["report", f, "--by", "sum", "--flamegraph", svg.to_str().unwrap()]));
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("btree_lookup"));
+    let e = hrperf(&["report", f, "--samples"]);
+    assert_eq!(e.status.code(), Some(2));
 }
 
 #[test]
