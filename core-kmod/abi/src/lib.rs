@@ -76,6 +76,7 @@ macro_rules! assert_layout {
 }
 
 pub mod buffer;
+pub mod bytes;
 pub mod capture;
 pub mod event;
 pub mod format;

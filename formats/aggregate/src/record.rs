@@ -54,6 +54,7 @@
 //!  32 8*depth frames         innermost first
 //! ```
 
+use hrperf_abi::bytes::{ne32, ne64, put};
 use hrperf_abi::record::RecordHeader;
 use hrperf_abi::RecordType;
 
@@ -215,31 +216,19 @@ pub enum ParseError {
 }
 
 fn u32_at(b: &[u8], off: usize) -> u32 {
-    let mut a = [0u8; 4];
-    if let Some(s) = b.get(off..off + 4) {
-        a.copy_from_slice(s);
-    }
-    u32::from_ne_bytes(a)
+    ne32(b, off).unwrap_or(0)
 }
 
 fn u64_at(b: &[u8], off: usize) -> u64 {
-    let mut a = [0u8; 8];
-    if let Some(s) = b.get(off..off + 8) {
-        a.copy_from_slice(s);
-    }
-    u64::from_ne_bytes(a)
+    ne64(b, off).unwrap_or(0)
 }
 
 fn put32(b: &mut [u8], off: usize, v: u32) {
-    if let Some(s) = b.get_mut(off..off + 4) {
-        s.copy_from_slice(&v.to_ne_bytes());
-    }
+    put(b, off, &v.to_ne_bytes());
 }
 
 fn put64(b: &mut [u8], off: usize, v: u64) {
-    if let Some(s) = b.get_mut(off..off + 8) {
-        s.copy_from_slice(&v.to_ne_bytes());
-    }
+    put(b, off, &v.to_ne_bytes());
 }
 
 /// Reads the record header at the start of `b`.

@@ -30,6 +30,7 @@ pub mod record;
 
 use core::ptr::NonNull;
 
+use hrperf_abi::bytes::{ne16, ne32, ne64};
 use hrperf_abi::errno::{E2BIG, EFAULT, EINVAL};
 use hrperf_abi::format::{
     FormatOps, OverflowArg, Services, SessionParams, Uuid, CTRL_NOTIFY, CTRL_RESET, FMT_FL_RING,
@@ -146,28 +147,18 @@ pub static LLC_STACK_OPS: FormatOps = FormatOps {
     stop: None,
 };
 
-fn u16_at(b: &[u8], off: usize) -> Option<u16> {
-    b.get(off..off + 2).and_then(|s| s.try_into().ok()).map(u16::from_ne_bytes)
-}
-fn u32_at(b: &[u8], off: usize) -> Option<u32> {
-    b.get(off..off + 4).and_then(|s| s.try_into().ok()).map(u32::from_ne_bytes)
-}
-fn u64_at(b: &[u8], off: usize) -> Option<u64> {
-    b.get(off..off + 8).and_then(|s| s.try_into().ok()).map(u64::from_ne_bytes)
-}
-
 /// Parses the format argument; `Err` holds the positive errno.
 pub fn parse_arg(arg: &[u8]) -> Result<LlcStackArg, i32> {
     if arg.is_empty() {
         return Ok(LlcStackArg::default());
     }
     let (Some(size), Some(flags), Some(data_size), Some(max_kernel), Some(max_user), Some(reserved)) = (
-        u32_at(arg, 0),
-        u32_at(arg, 4),
-        u64_at(arg, 8),
-        u16_at(arg, 16),
-        u16_at(arg, 18),
-        u32_at(arg, 20),
+        ne32(arg, 0),
+        ne32(arg, 4),
+        ne64(arg, 8),
+        ne16(arg, 16),
+        ne16(arg, 18),
+        ne32(arg, 20),
     ) else {
         return Err(EINVAL);
     };

@@ -24,6 +24,7 @@
 //! A record's stack, leaf first, is its kernel frames followed by its user frames; a
 //! record with neither stands for the single frame `ip`.
 
+use hrperf_abi::bytes::{ne16, ne32, ne64};
 use hrperf_abi::record::RecordHeader;
 use hrperf_abi::RecordType;
 
@@ -136,27 +137,15 @@ impl core::fmt::Display for ParseError {
 }
 
 fn u16_at(b: &[u8], off: usize) -> u16 {
-    let mut a = [0u8; 2];
-    if let Some(s) = b.get(off..off + 2) {
-        a.copy_from_slice(s);
-    }
-    u16::from_ne_bytes(a)
+    ne16(b, off).unwrap_or(0)
 }
 
 fn u32_at(b: &[u8], off: usize) -> u32 {
-    let mut a = [0u8; 4];
-    if let Some(s) = b.get(off..off + 4) {
-        a.copy_from_slice(s);
-    }
-    u32::from_ne_bytes(a)
+    ne32(b, off).unwrap_or(0)
 }
 
 fn u64_at(b: &[u8], off: usize) -> u64 {
-    let mut a = [0u8; 8];
-    if let Some(s) = b.get(off..off + 8) {
-        a.copy_from_slice(s);
-    }
-    u64::from_ne_bytes(a)
+    ne64(b, off).unwrap_or(0)
 }
 
 impl<'a> StackRecord<'a> {

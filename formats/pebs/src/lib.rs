@@ -23,7 +23,7 @@
 #![no_std]
 #![warn(missing_docs)]
 
-mod bytes;
+use hrperf_abi::bytes;
 
 pub mod assist;
 pub mod datasrc;
