@@ -62,6 +62,13 @@ pub struct Bucket {
 }
 
 impl Bucket {
+    fn merge(&mut self, o: &Bucket) {
+        self.count += o.count;
+        self.latency_sum += o.latency_sum;
+        self.latency_max = self.latency_max.max(o.latency_max);
+        self.tlb_misses += o.tlb_misses;
+    }
+
     fn add(&mut self, lat: u64, tlb_miss: bool) {
         self.count += 1;
         self.latency_sum += lat;
@@ -94,6 +101,9 @@ pub struct PebsProfile {
     pub top_pages: Vec<(u64, Option<u64>, Bucket)>,
     /// Hottest eventing IPs.
     pub top_ips: Vec<(u64, Bucket)>,
+    /// Hottest functions (eventing IPs symbolized with the capture's symbols): name,
+    /// object, totals. IPs no symbol covers count as `[unknown] <object>`.
+    pub top_symbols: Vec<(String, String, Bucket)>,
     /// Latency histogram (log2 buckets, see [`LAT_BUCKETS`]).
     pub latency_hist: [u64; LAT_BUCKETS],
     /// Distinct cache lines touched.
@@ -111,7 +121,7 @@ pub fn lat_bucket(lat: u64) -> usize {
     }
 }
 
-fn sorted<K: Copy + Ord>(m: HashMap<K, Bucket>, top: usize) -> Vec<(K, Bucket)> {
+fn sorted<K: Clone + Ord>(m: HashMap<K, Bucket>, top: usize) -> Vec<(K, Bucket)> {
     let mut v: Vec<(K, Bucket)> = m.into_iter().collect();
     v.sort_by(|a, b| b.1.count.cmp(&a.1.count).then(a.0.cmp(&b.0)));
     v.truncate(top);
@@ -150,8 +160,15 @@ pub fn profile(reader: &Reader, top: usize) -> Result<PebsProfile, ReportError> 
     let mut lines: HashMap<u64, Bucket> = HashMap::new();
     let mut pages: HashMap<(u64, Option<u64>), Bucket> = HashMap::new();
     let mut ips: HashMap<u64, Bucket> = HashMap::new();
+    // Per (IP, kernel mode) for the by-function view; PEBS records carry no pid, so
+    // user IPs resolve through tables for every process (the simulator's) only.
+    let mut modes: HashMap<(u64, bool), Bucket> = HashMap::new();
+    let mut symbols = crate::stacks::symbols::SymbolData::default();
     for chunk in reader.chunks() {
         let chunk = chunk?;
+        if let Some((kind, pid, text)) = chunk.symbols() {
+            symbols.add(kind, pid, text);
+        }
         if chunk.kind != CHUNK_DATA {
             continue;
         }
@@ -166,13 +183,23 @@ pub fn profile(reader: &Reader, top: usize) -> Result<PebsProfile, ReportError> 
             };
             p.records += 1;
             let ip = c.pebs.eventing_ip.unwrap_or(c.pebs.ip);
+            // A PEBS record does not say the privilege level; like ds.c's kernel_ip(),
+            // the upper half of the address space is the kernel's (x86-64).
+            let kernel = rec.header.misc & hrperf_abi::record::MISC_KERNEL != 0 || ip >= 0xffff_8000_0000_0000;
             let Some(m) = c.pebs.mem else {
                 ips.entry(ip).or_default().add(0, false);
+                modes.entry((ip, kernel)).or_default().add(0, false);
                 continue;
             };
             p.with_address += 1;
             let a = MemAccess::from_intel(c.prefix.pebs_format, c.dsrc_kind, m.data_source);
-            let (lat, miss) = (m.latency, a.tlb == Tlb::Miss);
+            // Alder Lake+ adaptive records (and perf's WEIGHT_STRUCT) split the word:
+            // cache latency in [47:32], instruction latency in [15:0] — as the decoder.
+            let fmt = c.prefix.pebs_format;
+            let split = fmt.has(hrperf_fmt_pebs::layout::PebsFormat::INSTR_LATENCY)
+                && c.pebs.layout == hrperf_fmt_pebs::layout::Layout::Adaptive;
+            let lat = if split { (m.latency >> 32) & 0xffff } else { m.latency & 0xffff_ffff };
+            let miss = a.tlb == Tlb::Miss;
             levels.entry(a.level).or_default().add(lat, miss);
             let ps = page_size(m.address);
             sizes.entry(ps).or_default().add(lat, miss);
@@ -180,6 +207,7 @@ pub fn profile(reader: &Reader, top: usize) -> Result<PebsProfile, ReportError> 
             let granule = ps.unwrap_or(4096);
             pages.entry((m.address & !(granule - 1), ps)).or_default().add(lat, miss);
             ips.entry(ip).or_default().add(lat, miss);
+            modes.entry((ip, kernel)).or_default().add(lat, miss);
             p.latency_hist[lat_bucket(lat)] += 1;
         }
     }
@@ -194,5 +222,13 @@ pub fn profile(reader: &Reader, top: usize) -> Result<PebsProfile, ReportError> 
     p.top_lines = sorted(lines, top);
     p.top_pages = sorted(pages, top).into_iter().map(|((a, s), b)| (a, s, b)).collect();
     p.top_ips = sorted(ips, top);
+    let mut sym = crate::stacks::Symbolizer::new(symbols, crate::stacks::elf::DEFAULT_ELF_CACHE);
+    let mut funcs: HashMap<(String, String), Bucket> = HashMap::new();
+    for ((ip, kernel), b) in &modes {
+        let s = sym.symbolize(*kernel, 0, *ip);
+        let name = if s.resolved() { s.name.to_string() } else { format!("[unknown] {}", s.object) };
+        funcs.entry((name, s.object.to_string())).or_default().merge(b);
+    }
+    p.top_symbols = sorted(funcs, top).into_iter().map(|((n, o), b)| (n, o, b)).collect();
     Ok(p)
 }

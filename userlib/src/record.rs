@@ -20,6 +20,15 @@
 //! capture record), then `CpuSession::restart` resets the DS index and the PMU's PEBS
 //! is re-enabled. The format argument's PMU fields come from the PMU, never the user.
 //!
+//! PEBS through perf (`--source perf --format pebs`, [`RecordOptions::perf_pebs`]) has
+//! no DS area and goes through neither the engine nor the zero-copy handler: the
+//! kernel's perf already copied each record, and the perf source synthesised it into a
+//! perf-sourced PEBS capture record (`hrperf_fmt_pebs::record::encode_perf`). The
+//! recorder writes those straight into per-CPU capture chunks, with the capture's format
+//! name and UUID those of `pebs`, so `hrperf decode` and `hrperf report --format pebs`
+//! read them as any PEBS capture; perf's `LOST` records count as source losses
+//! ([`record_perf_pebs`]).
+//!
 //! The aggregating format (`aggregate`, double-buffered hash tables) is not a ring
 //! either: a drain reads each published interval in place
 //! (`hrperf_fmt_aggregate::consumer::AggView::pending`), writes it as capture records
@@ -50,6 +59,7 @@ use hrperf_fmt_aggregate::record::IV_FL_INCONSISTENT;
 use hrperf_fmt_pebs::format::PebsHeader;
 
 use crate::capture::{CaptureError, CaptureMeta, Writer};
+use crate::source::perf::PerfPebs;
 use crate::source::sim::pebs::{PebsCpuCounts, PebsPmu};
 use crate::source::{SampleStack, Source, SourceError};
 use crate::symsnap::SymbolSnapshots;
@@ -112,6 +122,11 @@ pub struct RecordOptions {
     /// Aggregating format: close every CPU's interval this often, in source time
     /// (drain, restart, drain); 0 for [`DEFAULT_SWITCH_INTERVAL_NS`].
     pub switch_interval_ns: u64,
+    /// PEBS through perf: the perf source's synthesised PEBS capture records
+    /// ([`PerfSource::pebs`](crate::source::perf::PerfSource::pebs)). With a
+    /// `FMT_FL_PEBS` format and no [`RecordOptions::pebs_pmu`], the recording takes
+    /// [`record_perf_pebs`]'s path.
+    pub perf_pebs: Option<PerfPebs>,
 }
 
 impl Default for RecordOptions {
@@ -128,6 +143,7 @@ impl Default for RecordOptions {
             pebs_pmu: None,
             format_arg: Vec::new(),
             switch_interval_ns: 0,
+            perf_pebs: None,
         }
     }
 }
@@ -321,9 +337,14 @@ pub fn record<W: Write>(
     })?;
 
     let pebs = if format.ops().flags & FMT_FL_PEBS != 0 {
-        match &opts.pebs_pmu {
-            Some(pmu) => Some(pmu.clone()),
-            None => {
+        match (&opts.pebs_pmu, &opts.perf_pebs) {
+            (Some(pmu), _) => Some(pmu.clone()),
+            (None, Some(tap)) => {
+                let ops = format.ops();
+                let _ = registry.release(format);
+                return record_perf_pebs(source, opts, tap, ops, out, name, stop, live);
+            }
+            (None, None) => {
                 let _ = registry.release(format);
                 return Err(RecordError::NoPebsPmu {
                     format: opts.format.clone(),
@@ -384,34 +405,13 @@ pub fn record<W: Write>(
         slots.push(CpuSlot { cpu, session: cs, words: mem, pebs, agg });
     }
 
-    let ops = format.ops();
-    let meta = CaptureMeta {
-        format_name: opts.format.clone(),
-        format_uuid: ops.uuid,
-        format_version: ops.version,
-        source: info.source,
-        clock: info.clock,
-        tsc_hz: info.tsc_hz,
-        mode: info.mode,
-        sample_period: params.sample_period,
-        poll_interval_ns: params.poll_interval_ns,
-        start_time_ns: info.start_time_ns,
-        start_wall_ns: if opts.host_info { wall_ns() } else { 0 },
-        events: info.events.clone(),
-        cpus: info.cpus.clone(),
-        cpu_model: info.cpu_model.clone(),
-        command: opts.command.clone(),
-        hostname: if opts.host_info { read_trimmed("/proc/sys/kernel/hostname") } else { String::new() },
-        kernel_release: if opts.host_info { read_trimmed("/proc/sys/kernel/osrelease") } else { String::new() },
-        format_arg: format_arg.clone(),
-        sim_config: opts.sim_config.clone(),
-    };
+    let meta = capture_meta(opts, &info, format.ops(), params.sample_period, params.poll_interval_ns, &format_arg);
     let mut writer = Writer::with_name(out, name, &meta)?;
     let mut notes = Vec::new();
     // Stacks are symbolized later from what is captured now (see `symsnap`).
     let real_source = matches!(info.source, SOURCE_PERF | SOURCE_KMOD);
     let mut snapshots = (stacks && real_source).then(SymbolSnapshots::new);
-    if stacks {
+    if stacks || pebs.is_some() {
         for t in source.symbols() {
             writer.write_symbols(t.kind, t.pid, &t.text)?;
         }
@@ -597,6 +597,164 @@ pub fn record<W: Write>(
         end_time_ns: finish.end_time_ns.max(now_ns),
         total_records: summary.records,
         total_drops: summary.drops + summary.source_lost,
+        exit_status: finish.exit_status,
+        reserved: 0,
+    };
+    let offset_before_end = writer.offset();
+    writer.finish(end)?;
+    summary.bytes = offset_before_end + (core::mem::size_of::<hrperf_abi::capture::ChunkHeader>() + core::mem::size_of::<EndInfo>()) as u64;
+    Ok(summary)
+}
+
+/// The capture header of a recording of `info` with format `ops`.
+fn capture_meta(
+    opts: &RecordOptions,
+    info: &crate::source::SourceInfo,
+    ops: &FormatOps,
+    sample_period: u64,
+    poll_interval_ns: u64,
+    format_arg: &[u8],
+) -> CaptureMeta {
+    CaptureMeta {
+        format_name: opts.format.clone(),
+        format_uuid: ops.uuid,
+        format_version: ops.version,
+        source: info.source,
+        clock: info.clock,
+        tsc_hz: info.tsc_hz,
+        mode: info.mode,
+        sample_period,
+        poll_interval_ns,
+        start_time_ns: info.start_time_ns,
+        start_wall_ns: if opts.host_info { wall_ns() } else { 0 },
+        events: info.events.clone(),
+        cpus: info.cpus.clone(),
+        cpu_model: info.cpu_model.clone(),
+        command: opts.command.clone(),
+        hostname: if opts.host_info { read_trimmed("/proc/sys/kernel/hostname") } else { String::new() },
+        kernel_release: if opts.host_info { read_trimmed("/proc/sys/kernel/osrelease") } else { String::new() },
+        format_arg: format_arg.to_vec(),
+        sim_config: opts.sim_config.clone(),
+    }
+}
+
+/// PEBS through perf: runs `source` (a perf source opened with `PerfConfig::pebs`) and
+/// writes the capture records it synthesised (`tap`) straight into per-CPU capture
+/// chunks, on the recorder's drain schedule and at the end. No engine session and no
+/// zero-copy handler: there is no DS area. The capture's format is `ops` (`pebs`), its
+/// format argument empty (no PMU description: every record carries its own
+/// `PebsFormat` word). Per CPU: records counted as written, samples as overflows,
+/// perf's losses as drops (and [`RecordSummary::source_lost`]).
+#[expect(clippy::too_many_arguments, reason = "the arguments of `record`, plus the tap and the format")]
+pub fn record_perf_pebs<W: Write>(
+    source: &mut dyn Source,
+    opts: &RecordOptions,
+    tap: &PerfPebs,
+    ops: &FormatOps,
+    out: W,
+    name: &Path,
+    stop: &AtomicBool,
+    live: &mut dyn FnMut(&Live),
+) -> Result<RecordSummary, RecordError> {
+    let info = source.info().clone();
+    if info.mode != MODE_OVERFLOW {
+        return Err(SourceError::Config("PEBS samples on counter overflow: use -c PERIOD or -F FREQ, not --poll-us".into()).into());
+    }
+    let meta = capture_meta(opts, &info, ops, info.sample_period.max(1), 0, &[]);
+    let mut writer = Writer::with_name(out, name, &meta)?;
+    let mut index = vec![usize::MAX; info.cpus.iter().max().map_or(0, |&c| c as usize + 1)];
+    let mut stats: Vec<CpuStats> = Vec::with_capacity(info.cpus.len());
+    for &cpu in &info.cpus {
+        index[cpu as usize] = stats.len();
+        stats.push(CpuStats {
+            cpu,
+            masked_now: 0,
+            records: 0,
+            drops: 0,
+            overflows: 0,
+            masked: 0,
+            multi_wraps: 0,
+            poll_ticks: 0,
+            missed_ticks: 0,
+        });
+    }
+    let write_pending = |writer: &mut Writer<W>, stats: &mut [CpuStats]| -> Result<(), RecordError> {
+        for st in stats.iter_mut() {
+            let (bytes, n) = tap.take(st.cpu);
+            if n > 0 {
+                writer.write_chunk(st.cpu, &bytes, n)?;
+                st.records += n;
+            }
+        }
+        Ok(())
+    };
+
+    source.start()?;
+    let drain_every = if opts.drain_interval_ns == 0 { 10_000_000 } else { opts.drain_interval_ns };
+    let mut batch = Vec::with_capacity(4096);
+    let (mut samples, mut now_ns, mut last_drain, mut drains) = (0u64, info.start_time_ns, info.start_time_ns, 0u64);
+    let mut last_live = Instant::now();
+    let (mut stopping, mut stop_deadline) = (false, None);
+    loop {
+        batch.clear();
+        let progress = source.next(&mut batch, Duration::from_millis(100))?;
+        for s in &batch {
+            samples += 1;
+            now_ns = now_ns.max(s.time_ns);
+            if let Some(&i) = index.get(s.cpu as usize).filter(|&&i| i != usize::MAX) {
+                stats[i].overflows += 1;
+            }
+        }
+        let finished = progress == crate::source::Progress::Finished;
+        if now_ns.saturating_sub(last_drain) >= drain_every || finished {
+            write_pending(&mut writer, &mut stats)?;
+            last_drain = now_ns;
+            drains += 1;
+            if drains.is_multiple_of(100) {
+                writer.write_stats(&stats)?;
+                writer.flush()?;
+            }
+        }
+        if last_live.elapsed() >= Duration::from_millis(200) {
+            last_live = Instant::now();
+            live(&Live {
+                elapsed_ns: now_ns.saturating_sub(info.start_time_ns),
+                samples,
+                records: writer.records_written(),
+                drops: 0,
+                bytes: writer.offset(),
+            });
+        }
+        if finished {
+            break;
+        }
+        let timed_out = opts.duration_ns.is_some_and(|d| now_ns.saturating_sub(info.start_time_ns) >= d);
+        if !stopping && (timed_out || stop.load(Ordering::Relaxed)) {
+            source.stop()?;
+            stopping = true;
+            stop_deadline = Some(Instant::now() + Duration::from_secs(5));
+        }
+        if stop_deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+    }
+    let finish = source.finish()?;
+    // Whatever was synthesised but not yet written (a stop deadline) goes in too.
+    write_pending(&mut writer, &mut stats)?;
+    let mut summary = RecordSummary { samples, exit_status: finish.exit_status, ..RecordSummary::default() };
+    for st in &mut stats {
+        let lost = finish.lost.iter().filter(|(c, _)| *c == st.cpu).map(|(_, n)| n).sum::<u64>();
+        summary.source_lost += lost;
+        st.drops += lost;
+    }
+    summary.per_cpu = stats;
+    writer.write_stats(&summary.per_cpu)?;
+    summary.records = writer.records_written();
+    summary.elapsed_ns = finish.end_time_ns.max(now_ns).saturating_sub(info.start_time_ns);
+    let end = EndInfo {
+        end_time_ns: finish.end_time_ns.max(now_ns),
+        total_records: summary.records,
+        total_drops: summary.source_lost,
         exit_status: finish.exit_status,
         reserved: 0,
     };

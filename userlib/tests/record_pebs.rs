@@ -270,4 +270,18 @@ fn report_profile_matches_what_the_simulator_generated() {
     assert_eq!(p.latency_hist, hist);
     assert_eq!(p.top_lines.len(), 5);
     assert!(p.top_lines.windows(2).all(|w| w[0].1.count >= w[1].1.count));
+    // By function: every sampled IP lies in a function of the simulated program or
+    // kernel, found here from the simulator's own table, independently of the symbolizer.
+    use hrperf::source::sim::stacks::{KERNEL_FUNCS, USER_FUNCS};
+    let mut funcs: BTreeMap<String, u64> = BTreeMap::new();
+    for g in &gen {
+        let ip = g.sample.eventing_ip;
+        let f = USER_FUNCS.iter().chain(KERNEL_FUNCS).find(|f| (f.start..f.start + f.size).contains(&ip));
+        *funcs.entry(f.map_or("none".into(), |f| f.name.to_string())).or_default() += 1;
+    }
+    assert!(!funcs.contains_key("none"), "{funcs:?}");
+    let all = profile(&Reader::open(&path).unwrap(), 1000).unwrap();
+    let got: BTreeMap<String, u64> = all.top_symbols.iter().map(|(n, _, b)| (n.clone(), b.count)).collect();
+    assert_eq!(got, funcs);
+    assert!(funcs.len() >= 4, "{funcs:?}");
 }

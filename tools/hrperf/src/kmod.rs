@@ -20,7 +20,7 @@ use hrperf::source::kmod::{
     Session, DEFAULT_DEVICE,
 };
 use hrperf::source::perf;
-use hrperf_abi::format::{FMT_FL_PEBS, FMT_FL_RING, FMT_FL_STACKS};
+use hrperf_abi::format::{FMT_FL_INTERVALS, FMT_FL_PEBS, FMT_FL_RING, FMT_FL_STACKS};
 
 use crate::args::{parse_size, CtlArgs, RecordArgs, StartArgs};
 use crate::record::{catch_signals, exit_code, live_line, print_summary, STOP};
@@ -67,8 +67,15 @@ fn sys() -> Arc<dyn KmodSys> {
     Arc::new(LinuxKmodSys)
 }
 
-/// `hrperf record --source kmod`.
-pub fn run_record(a: &RecordArgs, duration_ns: Option<u64>, data_size: u64) -> CliResult {
+/// `hrperf record --source kmod`, with the format argument built from the format's
+/// options and, for an interval format, the interval switch period (0: default).
+pub fn run_record(
+    a: &RecordArgs,
+    duration_ns: Option<u64>,
+    data_size: u64,
+    format_arg: Vec<u8>,
+    switch_interval_ns: u64,
+) -> CliResult {
     if a.freq.is_some() {
         return Err(CliError(
             "the kmod source samples by period: use -c PERIOD (e.g. -c 100000: every 100 µs of cpu-clock)".into(),
@@ -79,13 +86,14 @@ pub fn run_record(a: &RecordArgs, duration_ns: Option<u64>, data_size: u64) -> C
             "nothing to record: give a command (-- CMD ...), -a or -C CPUS".into(),
         ));
     }
-    let config = session_config(
+    let mut config = session_config(
         Some(&a.format),
         a.events.as_deref(),
         mode_of(a.period, a.poll_us, a.instructed)?,
         a.cpus.as_deref(),
         data_size,
     )?;
+    config.format_arg = format_arg;
     if a.command.is_empty() && duration_ns.is_none() {
         eprintln!("hrperf: recording until Ctrl-C (or give --duration)");
     }
@@ -95,6 +103,7 @@ pub fn run_record(a: &RecordArgs, duration_ns: Option<u64>, data_size: u64) -> C
         duration_ns,
         drain_ms: a.drain_ms.map_or(0, |ms| ms.clamp(1, 10_000) as u32),
         host_info: true,
+        switch_interval_ns,
     };
     catch_signals();
     let tty = std::io::stderr().is_terminal() && !a.quiet;
@@ -124,6 +133,7 @@ fn flags_text(flags: u32) -> String {
         (FMT_FL_RING, "ring"),
         (FMT_FL_PEBS, "pebs"),
         (FMT_FL_STACKS, "stacks"),
+        (FMT_FL_INTERVALS, "intervals"),
     ]
     .iter()
     .filter(|(f, _)| flags & f != 0)

@@ -22,7 +22,7 @@ use crate::{CliError, CliResult};
 
 /// Default poll interval when no mode is given.
 const DEFAULT_POLL_US: u64 = 1000;
-/// Default sampling period of the PEBS counter (sim source, `--format pebs`).
+/// Default sampling period of the PEBS counter (`--format pebs`, sim and perf sources).
 const DEFAULT_PEBS_PERIOD: u64 = 10_000;
 /// Default sampling period of the trigger event (sim source, `--format llc-stack`).
 const DEFAULT_STACK_PERIOD: u64 = 5000;
@@ -65,19 +65,16 @@ pub fn run(a: RecordArgs) -> CliResult {
         pebs_pmu: None,
         format_arg: Vec::new(),
         switch_interval_ns: 0,
+        perf_pebs: None,
     };
     let has_agg_options = a.agg_key.is_some() || a.agg_slots.is_some() || a.agg_interval_ms.is_some();
     if has_agg_options && a.format != hrperf_fmt_aggregate::AGGREGATE_NAME {
         return Err(CliError("--agg-key, --agg-slots and --agg-interval-ms need --format aggregate".into()));
     }
-    if a.format == hrperf_fmt_aggregate::AGGREGATE_NAME && source_kind != SourceKind::Kmod {
+    if a.format == hrperf_fmt_aggregate::AGGREGATE_NAME {
         let (arg, interval_ns) = aggregate_arg(&a)?;
         opts.format_arg = arg.to_bytes().to_vec();
         opts.switch_interval_ns = interval_ns;
-    } else if has_agg_options && source_kind == SourceKind::Kmod {
-        return Err(CliError(
-            "--agg-* options are not supported with --source kmod yet; use --source sim or --source perf".into(),
-        ));
     }
     let stack_options = a.kernel_depth.is_some() || a.user_depth.is_some() || a.no_kernel_stack || a.no_user_stack;
     if a.format == LLC_STACK_NAME {
@@ -88,11 +85,10 @@ pub fn run(a: RecordArgs) -> CliResult {
         ));
     }
     let pebs = format_needs_pebs(&a.format);
-    if pebs && source_kind == SourceKind::Perf {
-        return Err(CliError(format!(
-            "format '{}' needs a PEBS-capable PMU, which the perf source does not provide (this machine has no hardware PMU, and mapping perf precise_ip samples to PEBS records is not implemented yet); use --source sim for the simulated PEBS PMU",
-            a.format
-        )));
+    if pebs && source_kind == SourceKind::Perf && (a.pebs_data_cfg.is_some() || a.pebs_format != "adaptive" || a.pebs_ld_lat != 3) {
+        return Err(CliError(
+            "--pebs-format, --pebs-data-cfg and --pebs-ld-lat configure the simulated PMU (--source sim); with --source perf the kernel's perf chooses the PEBS record".into(),
+        ));
     }
 
     if a.instructed && source_kind != SourceKind::Kmod {
@@ -111,11 +107,17 @@ pub fn run(a: RecordArgs) -> CliResult {
             Box::new(src)
         }
         SourceKind::Perf => {
-            let events = perf::parse_events(a.events.as_deref().unwrap_or("cpu-clock,task-clock,page-faults"))?;
+            // PEBS through perf: one precise hardware event (perf record's default is cycles:P).
+            let default_events = if pebs { "cycles" } else { "cpu-clock,task-clock,page-faults" };
+            let events = perf::parse_events(a.events.as_deref().unwrap_or(default_events))?;
             let sampling = match (a.period, a.freq, a.poll_us) {
                 (Some(0), _, _) | (_, Some(0), _) | (_, _, Some(0)) => {
                     return Err(CliError("-c, -F and --poll-us take a positive number".into()))
                 }
+                (_, _, Some(_)) if pebs => {
+                    return Err(CliError("PEBS samples on counter overflow: use -c PERIOD or -F FREQ, not --poll-us".into()))
+                }
+                (None, None, None) if pebs => Sampling::Period(DEFAULT_PEBS_PERIOD),
                 (_, _, Some(_)) if a.format == LLC_STACK_NAME => {
                     return Err(CliError("call stacks are taken on counter overflow: use -c PERIOD or -F FREQ, not --poll-us".into()))
                 }
@@ -131,14 +133,18 @@ pub fn run(a: RecordArgs) -> CliResult {
             if a.command.is_empty() && a.all_cpus && duration_ns.is_none() {
                 eprintln!("hrperf: recording all CPUs until Ctrl-C (or give --duration)");
             }
-            let cfg = PerfConfig::from_cli(events, sampling, a.all_cpus, cpus, a.command.clone())?;
+            let mut cfg = PerfConfig::from_cli(events, sampling, a.all_cpus, cpus, a.command.clone())?;
+            cfg.pebs = pebs;
             let src = PerfSource::new(cfg)?;
             for note in src.notes() {
                 eprintln!("hrperf: note: {note}");
             }
+            opts.perf_pebs = src.pebs();
             Box::new(src)
         }
-        SourceKind::Kmod => return crate::kmod::run_record(&a, duration_ns, data_size),
+        SourceKind::Kmod => {
+            return crate::kmod::run_record(&a, duration_ns, data_size, opts.format_arg, opts.switch_interval_ns)
+        }
         SourceKind::Auto => unreachable!("auto was resolved above"),
     };
 
@@ -155,6 +161,13 @@ pub fn run(a: RecordArgs) -> CliResult {
     }
     if !a.quiet {
         print_summary(&a.output, &summary);
+        if let Some(p) = &opts.perf_pebs {
+            eprintln!(
+                "[hrperf] PEBS via perf (precise_ip {}): {} records synthesised from perf samples (perf-sourced; no DS area, nothing read in place)",
+                p.precise_ip().unwrap_or(0),
+                p.records()
+            );
+        }
     }
     Ok(exit_code(summary.exit_status))
 }

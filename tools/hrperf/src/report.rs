@@ -134,6 +134,12 @@ fn print(w: &mut dyn Write, reader: &Reader, p: &PebsProfile) -> io::Result<()> 
     for (ip, b) in &p.top_ips {
         row(w, &format!("{ip:#x}"), b, p.records)?;
     }
+    if !p.top_symbols.is_empty() {
+        header(w, "Hottest functions", "function [object]")?;
+        for (name, object, b) in &p.top_symbols {
+            row(w, &format!("{name} [{object}]"), b, p.records)?;
+        }
+    }
     writeln!(w, "\nLatency histogram (core cycles)")?;
     let max = p.latency_hist.iter().copied().max().unwrap_or(0).max(1);
     for (i, &c) in p.latency_hist.iter().enumerate() {

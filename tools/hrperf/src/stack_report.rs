@@ -93,7 +93,7 @@ fn emit(a: &ReportArgs, reader: &Reader, profile: &Profile, sort: SortBy) -> Cli
     // A function asked for must exist before anything is printed or written.
     for name in [&a.callers, &a.callees].into_iter().flatten() {
         if profile.function(name).is_none() {
-            return Err(CliError(unknown_function(&profile, name, reader)));
+            return Err(CliError(unknown_function(profile, name, reader)));
         }
     }
     if let Some(path) = &a.flamegraph {
@@ -109,12 +109,12 @@ fn emit(a: &ReportArgs, reader: &Reader, profile: &Profile, sort: SortBy) -> Cli
             r => r.map_err(|e| io::Error::other(e.to_string())),
         }
     } else if a.json {
-        let v = to_json(&profile, reader, sort, top, a);
+        let v = to_json(profile, reader, sort, top, a);
         writeln!(out, "{v}")
     } else if a.callers.is_some() || a.callees.is_some() {
-        print_edges(&mut out, &profile, a)
+        print_edges(&mut out, profile, a)
     } else {
-        print_table(&mut out, &profile, reader, sort, top)
+        print_table(&mut out, profile, reader, sort, top)
     };
     match printed.and_then(|()| out.flush()) {
         Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(CliError(format!("writing the report: {e}"))),

@@ -77,7 +77,18 @@ fn pebs_errors_are_one_line() {
     let d = tmpdir("errors");
     let data = d.join("x.data");
     let o = data.to_str().unwrap();
-    one_line_error(&hrperf(&["record", "--source", "perf", "--format", "pebs", "-o", o]), "needs a PEBS-capable PMU");
+    one_line_error(
+        &hrperf(&["record", "--source", "perf", "--format", "pebs", "-e", "cpu-clock", "-o", o, "--", "true"]),
+        "no precise (PEBS) sampling for cpu-clock: it is a software event",
+    );
+    one_line_error(
+        &hrperf(&["record", "--source", "perf", "--format", "pebs", "--poll-us", "100", "-o", o, "--", "true"]),
+        "-c PERIOD or -F FREQ",
+    );
+    one_line_error(
+        &hrperf(&["record", "--source", "perf", "--format", "pebs", "--pebs-data-cfg", "gpr", "-o", o, "--", "true"]),
+        "configure the simulated PMU",
+    );
     one_line_error(
         &hrperf(&["record", "--source", "sim", "--format", "pebs", "--pebs-format", "fmt9", "-o", o]),
         "unknown PEBS record format 'fmt9'",
@@ -91,6 +102,34 @@ fn pebs_errors_are_one_line() {
         "unknown PEBS data group",
     );
     one_line_error(&hrperf(&["record", "--source", "sim", "--format", "pebs", "--poll-us", "100", "-o", o]), "-c PERIOD");
+}
+
+/// `--source perf --format pebs` on a machine without a hardware PMU (the development
+/// VM): one line naming precise sampling, status 2, no capture. The perf-sourced path
+/// itself is tested against the syscall fake (`userlib/src/source/perf/pebs/tests.rs`).
+#[test]
+fn perf_pebs_without_a_pmu_is_one_line_naming_precise_sampling() {
+    let devices = std::path::Path::new("/sys/bus/event_source/devices");
+    if ["cpu", "cpu_core", "cpu_atom"].iter().any(|d| devices.join(d).exists()) {
+        eprintln!("skipped: this machine has a hardware PMU");
+        return;
+    }
+    let d = tmpdir("perf-pebs");
+    let data = d.join("x.data");
+    let out = hrperf(&[
+        "record", "--source", "perf", "--format", "pebs", "-e", "cycles", "-c", "10000", "-o", data.to_str().unwrap(),
+        "--", "true",
+    ]);
+    one_line_error(&out, "no precise (PEBS) sampling for cycles on this machine");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("no hardware PMU") && err.contains("--source sim"), "{err}");
+    assert!(!data.exists());
+    // The default event is cycles too.
+    one_line_error(
+        &hrperf(&["record", "--source", "perf", "--format", "pebs", "-o", data.to_str().unwrap(), "--", "true"]),
+        "no precise (PEBS) sampling for cycles on this machine",
+    );
 }
 
 #[test]

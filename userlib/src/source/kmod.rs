@@ -18,6 +18,11 @@
 //! STOP ─ last drain ─ STATS → stats chunk ─ END ─ DESTROY ─ close
 //! ```
 //!
+//! Interval formats (`FMT_FL_INTERVALS`, aggregate) are read the same way, per published
+//! interval instead of per ring ([`Session::drain_intervals`]: `AggView` over the
+//! read-only mapping, CONSUME with tail = the interval's seq), and closed with
+//! `HRPERF_IOC_RESTART` ([`Session::restart_cpu`]).
+//!
 //! The pieces (all of the kmod path lives under this module):
 //!
 //! - [`sys`]: every system call, behind [`KmodSys`], with [`fake::FakeKmod`] for tests;
@@ -55,18 +60,23 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use hrperf_abi::buffer::{BUFFER_MAGIC, BUFFER_VERSION};
-use hrperf_abi::format::{FMT_FL_PEBS, FMT_FL_RING, MODE_INSTRUCTED, MODE_OVERFLOW, MODE_POLL};
+use hrperf_abi::format::{
+    FMT_FL_INTERVALS, FMT_FL_PEBS, FMT_FL_RING, MODE_INSTRUCTED, MODE_OVERFLOW, MODE_POLL,
+};
 use hrperf_abi::ioctl::{
-    BufferSlot, BuffersArg, ConsumeArg, CpuStats, FormatInfo, FormatList, ModuleInfo,
+    BufferSlot, BuffersArg, ConsumeArg, CpuArg, CpuStats, FormatInfo, FormatList, ModuleInfo,
     SessionCreate, StatsArg, IOCTL_ABI_VERSION, MODE_DEFAULT,
 };
 use hrperf_abi::{
     fixed_name, name_bytes, BufferHeader, CpuMask, EventDesc, MAX_COUNTERS, MAX_CPUS,
 };
 use hrperf_engine::{Buffer, RingReader};
+use hrperf_fmt_aggregate::consumer::{Access, AggView};
+use hrperf_fmt_aggregate::record::IV_FL_INCONSISTENT;
 
 use super::EventSpec;
 use crate::capture::CaptureError;
+use crate::record::AggCpuSummary;
 
 pub mod control;
 pub mod daemon;
@@ -184,6 +194,9 @@ impl KmodError {
         }
     }
 }
+
+/// Most intervals one [`Session::drain_intervals`] reads from one CPU.
+const MAX_INTERVALS_PER_DRAIN: usize = 64;
 
 /// The CREATE of a `FMT_FL_PEBS` format (its `ENODEV` means "no PEBS-capable PMU").
 const PEBS_CREATE: &str = "HRPERF_IOC_CREATE (format pebs)";
@@ -463,9 +476,9 @@ impl Session {
             sys.ioctl(dev.fd, Ioctl::Create(&create))
                 .map_err(|e| ioctl_error(PEBS_CREATE, e))?;
         }
-        if format.flags & FMT_FL_RING == 0 {
+        if format.flags & (FMT_FL_RING | FMT_FL_INTERVALS) == 0 {
             return Err(KmodError::Config(format!(
-                "format '{}' does not log into a record ring; the kmod recorder reads ring formats only",
+                "format '{}' neither logs into a record ring nor publishes intervals; the kmod recorder reads ring and interval formats only",
                 cfg.format
             )));
         }
@@ -602,6 +615,12 @@ impl Session {
     /// The format argument given at creation.
     pub fn format_arg(&self) -> &[u8] {
         &self.format_arg
+    }
+
+    /// Whether the format publishes intervals (`FMT_FL_INTERVALS`, e.g. aggregate)
+    /// instead of logging into a ring: read with [`drain_intervals`](Self::drain_intervals).
+    pub fn has_intervals(&self) -> bool {
+        self.format.flags & FMT_FL_INTERVALS != 0
     }
 
     /// The monitored CPUs, in buffer order.
@@ -744,11 +763,115 @@ impl Session {
                 format_name(&self.format)
             ));
         }
+        if self.has_intervals() {
+            self.agg_view(i)?;
+            return Ok(());
+        }
         RingReader::new(&buf).map_err(|e| KmodError::Buffer {
             cpu,
             what: e.to_string(),
         })?;
         Ok(())
+    }
+
+    /// A read-only view of the `i`-th CPU's interval tables (`FMT_FL_INTERVALS`).
+    fn agg_view(&self, i: usize) -> Result<(u32, AggView<'_>), KmodError> {
+        let slot = self
+            .slots
+            .get(i)
+            .ok_or_else(|| KmodError::Config(format!("no buffer {i}")))?;
+        // SAFETY: `offset + buf_size <= map_len` (type invariant), so the pointer stays
+        // inside the mapping; it is non-null as an offset into a non-null mapping.
+        let ptr = unsafe { NonNull::new_unchecked(self.map.as_ptr().add(slot.offset as usize)) };
+        // SAFETY: the mapping is readable for `buf_size` bytes from `ptr` while `self`
+        // lives (type invariant; the view borrows `self`), 8-aligned; the view is
+        // read-only (only atomic loads), and the only writers are the kernel's producer
+        // (the format's handler and restart) and its CONSUME storing the consumer line.
+        let view = unsafe { AggView::from_raw(ptr, self.buf_size, Access::ReadOnly) }.map_err(
+            |e| KmodError::Buffer {
+                cpu: slot.cpu,
+                what: e.to_string(),
+            },
+        )?;
+        Ok((slot.cpu, view))
+    }
+
+    /// `HRPERF_IOC_CONSUME` of `cpu` up to `tail` (a ring position, or for an interval
+    /// format the sequence number of the interval read).
+    fn consume(&self, cpu: u32, tail: u64) -> Result<(), KmodError> {
+        let c = ConsumeArg {
+            size: core::mem::size_of::<ConsumeArg>() as u32,
+            cpu,
+            tail,
+        };
+        self.sys
+            .ioctl(self.dev.fd, Ioctl::Consume(&c))
+            .map_err(|e| ioctl_error("HRPERF_IOC_CONSUME", e))
+    }
+
+    /// Interval formats (`FMT_FL_INTERVALS`): reads every interval published in the
+    /// `i`-th CPU's buffer in place, appends its INTERVAL, STACK and ENTRY records to
+    /// `chunk` (cleared first) and acknowledges it (`HRPERF_IOC_CONSUME` with the
+    /// interval's sequence number; the producer may then reuse its table). With nothing
+    /// pending, the last interval is acknowledged again, which acknowledges the readable
+    /// state. Adds the intervals to `agg`; returns the CPU and the number of records.
+    pub fn drain_intervals(
+        &self,
+        i: usize,
+        chunk: &mut Vec<u8>,
+        agg: &mut AggCpuSummary,
+    ) -> Result<(u32, u64), KmodError> {
+        chunk.clear();
+        let (cpu, view) = self.agg_view(i)?;
+        let mut n = 0u64;
+        let mut acked = false;
+        // One pending interval at a time (the producer publishes the next only after
+        // our acknowledgement); bounded so that a fast producer cannot keep us here.
+        for _ in 0..MAX_INTERVALS_PER_DRAIN {
+            let Some(iv) = view.pending() else {
+                break;
+            };
+            let s = iv.emit_records(|rec| {
+                chunk.extend_from_slice(rec);
+                n += 1;
+            });
+            agg.intervals += 1;
+            agg.samples += s.samples;
+            agg.entries += s.entries;
+            agg.other_count += s.other_count;
+            agg.misses += s.misses;
+            agg.inconsistent += u64::from(s.flags & IV_FL_INCONSISTENT != 0);
+            self.consume(cpu, iv.finish())?;
+            acked = true;
+        }
+        agg.switch_waits = view.switch_waits();
+        let last = view.published();
+        if !acked && last != 0 {
+            match self.consume(cpu, last) {
+                // EINVAL: the producer published meanwhile; the next drain reads it.
+                Err(e) if e.errno() != Some(libc::EINVAL) => return Err(e),
+                _ => {}
+            }
+        }
+        Ok((cpu, n))
+    }
+
+    /// `HRPERF_IOC_RESTART` of the `i`-th CPU; for an interval format this closes the
+    /// active interval (publishes it), `EBUSY` while the published one is not
+    /// acknowledged.
+    pub fn restart_cpu(&self, i: usize) -> Result<(), KmodError> {
+        let cpu = self
+            .slots
+            .get(i)
+            .ok_or_else(|| KmodError::Config(format!("no buffer {i}")))?
+            .cpu;
+        let a = CpuArg {
+            size: core::mem::size_of::<CpuArg>() as u32,
+            cpu,
+        };
+        self.sys
+            .ioctl(self.dev.fd, Ioctl::Restart(&a))
+            .map_err(|e| ioctl_error("HRPERF_IOC_RESTART", e))
     }
 
     /// A snapshot of every buffer's header (records, drops, overflows, ...).
@@ -775,14 +898,7 @@ impl Session {
                 cpu,
                 what: e.to_string(),
             })?;
-        let c = ConsumeArg {
-            size: core::mem::size_of::<ConsumeArg>() as u32,
-            cpu,
-            tail: st.tail,
-        };
-        self.sys
-            .ioctl(self.dev.fd, Ioctl::Consume(&c))
-            .map_err(|e| ioctl_error("HRPERF_IOC_CONSUME", e))?;
+        self.consume(cpu, st.tail)?;
         Ok((cpu, st.records))
     }
 }

@@ -24,6 +24,11 @@
 //!   `/proc/<pid>/task/<tid>/comm` once (empty if it is gone). A callchain whose `nr`
 //!   claims more entries than its record holds is cut to what it holds and counted in
 //!   [`PerfCpuStats::bad_callchains`].
+//! - **PEBS** ([`PerfConfig::pebs`], `--format pebs`): one hardware event sampled with
+//!   `precise_ip` (3, then 2, then 1) and `IP | TID | TIME | CPU | ADDR | DATA_SRC |
+//!   WEIGHT_STRUCT | PHYS_ADDR` (with fallbacks); every sample becomes a perf-sourced PEBS
+//!   capture record in [`PerfSource::pebs`]. See the `pebs` module; run only against the
+//!   syscall fake so far (no PEBS-capable PMU available).
 //! - **Poll mode** ([`Sampling::Poll`]): no interrupts; every `interval_ns` (absolute
 //!   deadlines on `CLOCK_MONOTONIC`, so no drift) each CPU's group is read with one
 //!   `read(2)` and becomes one `SAMPLE_POLL` sample timed right after that read. When the
@@ -73,6 +78,7 @@
 mod events;
 #[cfg(test)]
 mod fake;
+mod pebs;
 mod ring;
 mod sys;
 #[cfg(test)]
@@ -89,6 +95,7 @@ use hrperf_abi::format::{CTRL_MASK, MODE_OVERFLOW, MODE_POLL, SAMPLE_OVERFLOW, S
 use hrperf_abi::{MAX_COUNTERS, MAX_CPUS};
 
 pub use events::{known_events, parse_events};
+pub use self::pebs::{PebsSettings, PerfPebs};
 
 use self::events::needs_pmu;
 pub use self::ring::{split_callchain, PERF_CONTEXT_KERNEL, PERF_CONTEXT_MAX, PERF_CONTEXT_USER};
@@ -176,6 +183,10 @@ pub struct PerfConfig {
     pub workload: Option<Vec<String>>,
     /// Data pages of each CPU's ring (overflow mode), a power of two.
     pub mmap_pages: usize,
+    /// PEBS through perf (`--format pebs`): one hardware event sampled with
+    /// `precise_ip` and the memory fields, each sample synthesised into a PEBS capture
+    /// record ([`PerfSource::pebs`]; see the `pebs` module docs). Overflow mode only.
+    pub pebs: bool,
 }
 
 impl PerfConfig {
@@ -190,6 +201,7 @@ impl PerfConfig {
             target,
             workload: None,
             mmap_pages: Self::DEFAULT_MMAP_PAGES,
+            pebs: false,
         }
     }
 
@@ -388,6 +400,8 @@ pub struct PerfSource {
     batch: StackBatch,
     /// Command names by tid, from `PERF_RECORD_COMM` (or `/proc` once).
     comms: HashMap<u32, [u8; COMM_LEN]>,
+    /// PEBS through perf: the synthesised capture records (`PerfConfig::pebs`).
+    pebs: Option<PerfPebs>,
 }
 
 impl std::fmt::Debug for PerfSource {
@@ -488,6 +502,7 @@ impl PerfSource {
             stacks: None,
             batch: StackBatch::default(),
             comms: HashMap::new(),
+            pebs: config.pebs.then(PerfPebs::default),
         };
         // On any error below, Drop closes what was opened and disposes of the held child.
         if let Some(cmd) = &command {
@@ -634,6 +649,20 @@ impl PerfSource {
         for (index, ev) in config.events.iter().enumerate() {
             let group_fd = group.fds.first().copied().unwrap_or(-1);
             let mut attr = self.attr(config, index, task);
+            if index == 0 && self.pebs.is_some() {
+                // PEBS: precise_ip and sample_type fallbacks (see the pebs module docs).
+                let fd = self.open_pebs_leader(&attr, pid, cpu, ev)?;
+                group.fds.push(fd);
+                let id = self
+                    .sys
+                    .event_id(fd)
+                    .map_err(|source| SourceError::Syscall {
+                        call: format!("ioctl(PERF_EVENT_IOC_ID, {}, cpu {cpu})", ev.name),
+                        source,
+                    })?;
+                group.ids.push(id);
+                continue;
+            }
             let mut res =
                 self.sys
                     .perf_event_open(&attr, pid, cpu as i32, group_fd, PERF_FLAG_FD_CLOEXEC);
@@ -918,6 +947,10 @@ impl PerfSource {
 
     /// Drains every ring into `out`.
     fn drain_all(&mut self, out: &mut Vec<RawSample>) {
+        if self.pebs.is_some() {
+            self.drain_pebs(out);
+            return;
+        }
         let nr = self.info.events.len();
         let layout = self.layout;
         let stacks = self.stacks.is_some();
@@ -1309,6 +1342,9 @@ fn validate(c: &PerfConfig) -> Result<(), SourceError> {
             return bad("the poll interval must be at least 1 ns".into())
         }
         _ => {}
+    }
+    if c.pebs {
+        pebs::validate_pebs(&c.events, c.sampling.mode() == MODE_OVERFLOW)?;
     }
     if c.sampling.mode() == MODE_OVERFLOW
         && (!c.mmap_pages.is_power_of_two() || c.mmap_pages > 1 << 20)

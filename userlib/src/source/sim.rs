@@ -754,7 +754,8 @@ impl Source for SimSource {
     }
 
     fn symbols(&self) -> Vec<crate::source::SymbolText> {
-        if self.stacks.is_some() {
+        // Stack formats and PEBS (its report names the functions of the sampled IPs).
+        if self.stacks.is_some() || self.pebs.is_some() {
             stacks::symbols()
         } else {
             Vec::new()

@@ -11,7 +11,11 @@
 //! - every CPU's counter `i` counts `rate(i)` events per µs while the session runs
 //!   (counter 0: 1000 per µs, i.e. ns, like cpu-clock); overflow mode samples every
 //!   `period` of counter 0, poll mode every interval, instructed mode on POLL;
-//! - NOTIFY from the format, LOG and STOP make the file readable until CONSUME;
+//! - NOTIFY or SWITCH from the format, LOG and STOP make the file readable until
+//!   CONSUME; the format argument of CREATE is passed to the format;
+//! - interval formats (`FMT_FL_INTERVALS`, aggregate: [`FakeKmod::register`] it):
+//!   RESTART switches intervals, CONSUME with `tail` = an interval's sequence number
+//!   acknowledges it ([`FakeKmod::acks`] lists them), as `core-kmod/kmod/session.rs`;
 //! - children are scripted ([`FakeChild`]): they run for a virtual time, may issue
 //!   ioctls on the descriptor they inherited, and exit with a given status;
 //! - failures are injected per ioctl ([`FakeKmod::fail`]) or for `open`.
@@ -27,7 +31,7 @@ use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard};
 
 use hrperf_abi::format::{
-    SessionParams, CTRL_NOTIFY, MODE_INSTRUCTED, MODE_OVERFLOW, MODE_POLL, SAMPLE_INSTRUCTED,
+    FormatOps, SessionParams, CTRL_NOTIFY, CTRL_SWITCH, FMT_FL_INTERVALS, MODE_INSTRUCTED, MODE_OVERFLOW, MODE_POLL, SAMPLE_INSTRUCTED,
     SAMPLE_OVERFLOW, SAMPLE_POLL,
 };
 use hrperf_abi::ioctl::{
@@ -37,6 +41,7 @@ use hrperf_abi::{CpuMask, Services, MAX_COUNTERS};
 use hrperf_engine::{
     Buffer, CounterConfig, CpuSession, Format, Registry, RingReader, Sample, Selector, Session,
 };
+use hrperf_fmt_aggregate::consumer::{Access, AggView};
 
 use super::sys::{ChildExit, HeldChild, Ioctl, KmodSys};
 
@@ -178,6 +183,12 @@ struct State {
     spawned: Vec<Spawned>,
     calls: Vec<String>,
     fail: BTreeMap<&'static str, i32>,
+    /// Distinct instruction pointers overflow samples cycle through (≥ 1).
+    ips: u64,
+    /// Interval acknowledgements that advanced a CPU's `U_ACK`: (cpu, seq).
+    acks: Vec<(u32, u64)>,
+    /// RESTARTs that switched an interval format's CPU: cpu.
+    switches: Vec<u32>,
 }
 
 // SAFETY: the raw pointers inside (format tables, fake memory) point to `'static`
@@ -243,6 +254,9 @@ impl FakeKmod {
                 spawned: Vec::new(),
                 calls: Vec::new(),
                 fail: BTreeMap::new(),
+                ips: 1,
+                acks: Vec::new(),
+                switches: Vec::new(),
             }),
         }
     }
@@ -265,6 +279,29 @@ impl FakeKmod {
     /// The module's ioctl ABI version.
     pub fn set_abi_version(&self, v: u32) {
         self.lock().module.abi_version = v;
+    }
+
+    /// Registers another format (as if its fmt-*.ko were loaded), e.g.
+    /// `hrperf_fmt_aggregate::AGGREGATE_OPS`.
+    pub fn register(&self, ops: &'static FormatOps) {
+        let _ = self.lock().registry.register_static(ops);
+    }
+
+    /// Overflow samples cycle through `n` instruction pointers (`0x4000_0000 + 0x40·k`)
+    /// instead of one.
+    pub fn set_ips(&self, n: u64) {
+        self.lock().ips = n.max(1);
+    }
+
+    /// Interval acknowledgements that advanced a CPU's consumer line, in order:
+    /// (cpu, interval seq).
+    pub fn acks(&self) -> Vec<(u32, u64)> {
+        self.lock().acks.clone()
+    }
+
+    /// RESTARTs that switched an interval format's CPU, in order: the CPU of each.
+    pub fn switches(&self) -> Vec<u32> {
+        self.lock().switches.clone()
     }
 
     /// Unregisters every format (as if no fmt-*.ko were loaded).
@@ -391,7 +428,7 @@ impl State {
                 tid: 77,
                 time_ns: self.now + i as u64, // each CPU stamps its own read
                 ip: if kind == SAMPLE_OVERFLOW {
-                    0x4000_0000
+                    0x4000_0000 + sess.ticks[i] % self.ips * 0x40
                 } else {
                     0
                 },
@@ -402,7 +439,7 @@ impl State {
                 raw: sess.raw[i],
             };
             let ctrl = sess.cpu[i].dispatch(&mut buf, &sample, &Services::NONE);
-            notify |= ctrl & CTRL_NOTIFY != 0;
+            notify |= ctrl & (CTRL_NOTIFY | CTRL_SWITCH) != 0;
             sess.ticks[i] += 1;
         }
         notify
@@ -633,7 +670,19 @@ impl State {
             };
             nr
         ];
-        let session = match Session::new(format, &params, &[], &counters) {
+        let arg_len = c.fmt_arg_len as usize;
+        if arg_len > 4096 {
+            return Err(errno(libc::E2BIG));
+        }
+        let arg: &[u8] = if arg_len == 0 || c.fmt_arg == 0 {
+            &[]
+        } else {
+            // SAFETY: the fake runs in the caller's process, and `fmt_arg` points at
+            // `fmt_arg_len` bytes the caller keeps alive for the ioctl
+            // (`build_create` points it at `KmodConfig::format_arg`).
+            unsafe { std::slice::from_raw_parts(c.fmt_arg as *const u8, arg_len) }
+        };
+        let session = match Session::new(format, &params, arg, &counters) {
             Ok(s) => s,
             Err(e) => {
                 let _ = self.registry.release(format);
@@ -666,7 +715,7 @@ impl State {
                 return Err(errno(libc::ENOMEM));
             };
             let cs = session
-                .init_cpu(cpu, &mut buf, &[])
+                .init_cpu(cpu, &mut buf, arg)
                 .map_err(|e| errno(-e.errno()))?;
             sess.cpu.push(cs);
         }
@@ -733,7 +782,34 @@ impl State {
             Ioctl::Poll => self.simple(fd, FakeAction::Poll),
             Ioctl::Log => self.simple(fd, FakeAction::Log),
             Ioctl::PollLog => self.simple(fd, FakeAction::PollLog),
-            Ioctl::Restart(_) => self.with_session(fd, |_, _| Ok(())),
+            Ioctl::Restart(a) => {
+                let switched = self.with_session(fd, |st, sess| {
+                    if a.cpu != u32::MAX && !sess.cpus.contains(&a.cpu) {
+                        return Err(errno(libc::EINVAL));
+                    }
+                    let mut switched = Vec::new();
+                    for i in 0..sess.cpus.len() {
+                        if a.cpu != u32::MAX && sess.cpus[i] != a.cpu {
+                            continue;
+                        }
+                        let mut buf = st.buffer(sess, i).ok_or_else(|| errno(libc::EFAULT))?;
+                        let ctrl = sess.cpu[i]
+                            .restart(&mut buf)
+                            .map_err(|e| errno(e.errno().abs()))?;
+                        if ctrl & CTRL_SWITCH != 0 {
+                            switched.push(sess.cpus[i]);
+                        }
+                    }
+                    Ok(switched)
+                })?;
+                if !switched.is_empty() {
+                    if let Some(f) = self.files.get_mut(&fd) {
+                        f.notified = true;
+                    }
+                }
+                self.switches.extend(switched);
+                Ok(())
+            }
             Ioctl::Destroy => self.destroy(fd),
             Ioctl::Stats(a, entries) => self.with_session(fd, |st, sess| {
                 for (i, e) in entries.iter_mut().enumerate().take(sess.cpus.len()) {
@@ -767,6 +843,22 @@ impl State {
                         .position(|&x| x == c.cpu)
                         .ok_or_else(|| errno(libc::EINVAL))?;
                     let buf = st.buffer(sess, i).ok_or_else(|| errno(libc::EFAULT))?;
+                    if sess.format.flags() & FMT_FL_INTERVALS != 0 {
+                        let (mem, _, _) = st.mems.get(&sess.mem).ok_or_else(|| errno(libc::EFAULT))?;
+                        // SAFETY: the CPU's buffer inside the fake's allocation (alive
+                        // under the lock); the view only stores the consumer line,
+                        // atomically, as the kernel's CONSUME does.
+                        let view = unsafe {
+                            AggView::from_raw(mem.at(i * sess.buf_size), sess.buf_size, Access::ReadWrite)
+                        }
+                        .map_err(|_| errno(libc::EINVAL))?;
+                        let before = view.acked();
+                        view.ack_seq(c.tail).map_err(|_| errno(libc::EINVAL))?;
+                        if c.tail != before {
+                            st.acks.push((c.cpu, c.tail));
+                        }
+                        return Ok(());
+                    }
                     RingReader::new(&buf)
                         .and_then(|r| r.consume(c.tail))
                         .map_err(|_| errno(libc::EINVAL))

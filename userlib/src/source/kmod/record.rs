@@ -29,6 +29,15 @@
 //! into the records itself; the recorder adds what symbolizing them needs later
 //! ([`crate::symsnap`]): `/proc/kallsyms` at the start, and the maps of every process
 //! seen in a stack record.
+//!
+//! **Interval formats** (`FMT_FL_INTERVALS`, e.g. aggregate): the buffers hold
+//! double-buffered tables, not rings. A drain reads every published interval in place
+//! from the read-only mapping ([`Session::drain_intervals`]), writes it as INTERVAL,
+//! STACK and ENTRY records, and acknowledges it (`HRPERF_IOC_CONSUME` with the
+//! interval's sequence number). Every [`KmodRecordOptions::switch_interval_ns`] and at
+//! the end the recorder closes every CPU's active interval (drain → `HRPERF_IOC_RESTART`
+//! → drain), so every sample is in exactly one interval of the capture. The maps of
+//! every process named by an entry are snapshotted for symbolizing.
 
 use std::ffi::CString;
 use std::io::Write;
@@ -39,12 +48,13 @@ use std::sync::Arc;
 use hrperf_abi::capture::{EndInfo, CLOCK_PERF, SOURCE_KMOD};
 use hrperf_abi::format::FMT_FL_STACKS;
 use hrperf_abi::ioctl::CpuStats;
+use hrperf_fmt_aggregate::record::parse_entry;
 use hrperf_fmt_llc_stack::record::StackRecord;
 
 use super::sys::{wall_ns, HeldChild};
 use super::{ioctl_error, KmodConfig, KmodError, KmodSys, Session, ENV_FD};
 use crate::capture::{CaptureMeta, Writer};
-use crate::record::{Live, RecordSummary};
+use crate::record::{AggCpuSummary, Live, RecordSummary, DEFAULT_SWITCH_INTERVAL_NS};
 use crate::symsnap::SymbolSnapshots;
 
 /// Reader wake-up interval when the format sends no NOTIFY (ms).
@@ -63,6 +73,9 @@ pub struct KmodRecordOptions {
     pub drain_ms: u32,
     /// Store host name, kernel release and wall-clock start time.
     pub host_info: bool,
+    /// Interval formats: close every CPU's interval this often (0:
+    /// [`DEFAULT_SWITCH_INTERVAL_NS`]).
+    pub switch_interval_ns: u64,
 }
 
 /// A session being written to a capture file: create it with [`Recorder::new`], call
@@ -83,6 +96,12 @@ pub struct Recorder<W: Write> {
     stacks: u64,
     /// Notes for the summary (e.g. kallsyms unreadable).
     notes: Vec<String>,
+    /// Interval formats: per-CPU accounting, in buffer order (empty for ring formats).
+    agg: Vec<AggCpuSummary>,
+    /// Interval formats: close every CPU's interval this often (ns).
+    switch_every_ns: u64,
+    /// When the intervals were last closed (`KmodSys::now_ns`).
+    last_switch_ns: u64,
 }
 
 /// The capture metadata of a session.
@@ -138,6 +157,18 @@ impl<W: Write> Recorder<W> {
         let sys = session.sys.clone();
         let mut notes = Vec::new();
         let mut snapshots = None;
+        let agg = if session.has_intervals() {
+            session
+                .cpus()
+                .into_iter()
+                .map(|cpu| AggCpuSummary {
+                    cpu,
+                    ..AggCpuSummary::default()
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         if session.format().flags & FMT_FL_STACKS != 0 {
             let mut snap = SymbolSnapshots::new();
             notes.extend(snap.write_kallsyms(&mut writer)?);
@@ -154,7 +185,30 @@ impl<W: Write> Recorder<W> {
             snapshots,
             stacks: 0,
             notes,
+            agg,
+            switch_every_ns: DEFAULT_SWITCH_INTERVAL_NS,
+            last_switch_ns: 0,
         })
+    }
+
+    /// Interval formats: close every CPU's interval every `ns` (0:
+    /// [`DEFAULT_SWITCH_INTERVAL_NS`]).
+    pub fn set_switch_interval(&mut self, ns: u64) {
+        self.switch_every_ns = if ns == 0 {
+            DEFAULT_SWITCH_INTERVAL_NS
+        } else {
+            ns
+        };
+    }
+
+    /// The longest the caller may wait before the next [`drain`](Self::drain) (ms):
+    /// the interval switch period for an interval format, else `max_ms`.
+    pub fn wake_ms(&self, max_ms: u32) -> u32 {
+        if self.agg.is_empty() {
+            return max_ms;
+        }
+        let every = self.switch_every_ns.div_ceil(1_000_000).max(1);
+        max_ms.min(u32::try_from(every).unwrap_or(u32::MAX))
     }
 
     /// The session.
@@ -171,6 +225,7 @@ impl<W: Write> Recorder<W> {
     pub fn start(&mut self) -> Result<(), KmodError> {
         self.session.start()?;
         self.started_ns.get_or_insert(self.sys.now_ns());
+        self.last_switch_ns = self.sys.now_ns();
         self.stopped_ns = None;
         Ok(())
     }
@@ -186,9 +241,28 @@ impl<W: Write> Recorder<W> {
     /// Moves every record published in every CPU's ring into the capture (one chunk per
     /// CPU that had any); returns the records moved. Every hundredth call also writes a
     /// statistics snapshot and flushes, so an interrupted recording keeps them.
+    ///
+    /// For an interval format, reads every published interval instead, and closes every
+    /// CPU's active interval when the switch period has passed.
     pub fn drain(&mut self) -> Result<u64, KmodError> {
         let mut total = 0;
-        for i in 0..self.session.slots.len() {
+        if !self.agg.is_empty() {
+            for i in 0..self.agg.len() {
+                total += self.drain_intervals(i)?;
+            }
+            let now = self.sys.now_ns();
+            if self.session.is_running()
+                && now.saturating_sub(self.last_switch_ns) >= self.switch_every_ns
+            {
+                total += self.close_intervals()?;
+            }
+        }
+        let ring_slots = if self.agg.is_empty() {
+            self.session.slots.len()
+        } else {
+            0
+        };
+        for i in 0..ring_slots {
             let (cpu, n) = self.session.drain_cpu(i, &mut self.chunk)?;
             if n > 0 {
                 self.writer.write_chunk(cpu, &self.chunk, n)?;
@@ -210,6 +284,50 @@ impl<W: Write> Recorder<W> {
             self.writer.write_stats(&stats)?;
             self.writer.flush()?;
         }
+        Ok(total)
+    }
+
+    /// Interval formats: moves the `i`-th CPU's published intervals into one capture
+    /// chunk (acknowledging them) and snapshots the maps of the processes they name.
+    fn drain_intervals(&mut self, i: usize) -> Result<u64, KmodError> {
+        let Some(agg) = self.agg.get_mut(i) else {
+            return Ok(0);
+        };
+        let (cpu, n) = self.session.drain_intervals(i, &mut self.chunk, agg)?;
+        if n > 0 {
+            self.writer.write_chunk(cpu, &self.chunk, n)?;
+            if let Some(snap) = self.snapshots.as_mut() {
+                for pid in entry_pids(&self.chunk) {
+                    snap.note_pid(pid, &mut self.writer)?;
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Interval formats: closes every CPU's active interval, so that everything counted
+    /// so far is in the capture: drain (acknowledging the published interval), RESTART
+    /// (which publishes the active one), drain. Returns the records moved.
+    pub fn close_intervals(&mut self) -> Result<u64, KmodError> {
+        let mut total = 0;
+        for i in 0..self.agg.len() {
+            total += self.drain_intervals(i)?;
+            let mut tries = 0;
+            loop {
+                match self.session.restart_cpu(i) {
+                    Ok(()) => break,
+                    // The handler published an interval since the drain (a full table):
+                    // acknowledge it and switch again.
+                    Err(e) if e.errno() == Some(libc::EBUSY) && tries < 16 => {
+                        tries += 1;
+                        total += self.drain_intervals(i)?;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            total += self.drain_intervals(i)?;
+        }
+        self.last_switch_ns = self.sys.now_ns();
         Ok(total)
     }
 
@@ -245,10 +363,22 @@ impl<W: Write> Recorder<W> {
             Err(e) => return Err(e),
         }
         self.stopped_ns.get_or_insert_with(|| self.sys.now_ns());
-        self.drain()?;
+        if self.agg.is_empty() {
+            self.drain()?;
+        } else {
+            // The active intervals too: every dispatched sample ends in the capture.
+            self.close_intervals()?;
+        }
         let stats = self.session.stats()?;
         self.writer.write_stats(&stats)?;
         let mut s = summarize(&stats);
+        for mut a in std::mem::take(&mut self.agg) {
+            a.dispatched = stats
+                .iter()
+                .find(|st| st.cpu == a.cpu)
+                .map_or(0, |st| st.overflows);
+            s.aggregate.push(a);
+        }
         s.stacks = self.stacks;
         s.notes = std::mem::take(&mut self.notes);
         s.exit_status = exit_status;
@@ -286,6 +416,25 @@ fn stack_pids(chunk: &[u8]) -> impl Iterator<Item = u32> + '_ {
             return Some(r.fixed.pid);
         }
     })
+}
+
+/// The pid of every ENTRY record of the aggregating format in `chunk` that names one.
+fn entry_pids(chunk: &[u8]) -> Vec<u32> {
+    let mut pids = Vec::new();
+    let mut off = 0;
+    while let Some(h) = chunk.get(off..off + 8) {
+        let size = usize::from(u16::from_ne_bytes([h[6], h[7]]));
+        let Some(rec) = chunk.get(off..off + size).filter(|_| size >= 8) else {
+            break;
+        };
+        off += size;
+        if let Ok(e) = parse_entry(rec) {
+            if e.pid != 0 && !pids.contains(&e.pid) {
+                pids.push(e.pid);
+            }
+        }
+    }
+    pids
 }
 
 /// Totals of the kernel's per-CPU statistics.
@@ -436,6 +585,7 @@ pub fn record_kmod_to_file(
     let file = std::fs::File::create(path)
         .map_err(|e| KmodError::Config(format!("cannot create {}: {e}", path.display())))?;
     let mut rec = Recorder::new(session, file, path, &opts.command, opts.host_info)?;
+    rec.set_switch_interval(opts.switch_interval_ns);
     rec.start()?;
     let mut pidfd = None;
     if let Some(c) = child.as_mut() {
@@ -469,11 +619,11 @@ fn record_loop<W: Write>(
     stop: &AtomicBool,
     live: &mut dyn FnMut(&Live),
 ) -> Result<i32, KmodError> {
-    let drain_ms = if opts.drain_ms == 0 {
+    let drain_ms = rec.wake_ms(if opts.drain_ms == 0 {
         DEFAULT_DRAIN_MS
     } else {
         opts.drain_ms
-    };
+    });
     let start = sys.now_ns();
     let mut last_live = start;
     loop {

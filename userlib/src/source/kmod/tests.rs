@@ -634,3 +634,159 @@ fn pebs_enodev_is_one_readable_line() {
     );
     assert!(other.to_string().contains("unloading"));
 }
+
+/// The aggregating format's records of a capture: intervals and entries, in file order.
+fn aggregates(
+    path: &Path,
+) -> (
+    Vec<hrperf_fmt_aggregate::record::IntervalRecord>,
+    Vec<hrperf_fmt_aggregate::record::EntryRecord>,
+) {
+    use hrperf_fmt_aggregate::record::{parse_entry, parse_interval, REC_ENTRY, REC_INTERVAL};
+    let r = Reader::open(path).unwrap();
+    let (mut ivs, mut entries) = (Vec::new(), Vec::new());
+    for chunk in &mut r.chunks() {
+        for rec in chunk.unwrap().records() {
+            let rec = rec.unwrap();
+            if rec.header.kind == REC_INTERVAL {
+                ivs.push(parse_interval(rec.bytes).unwrap());
+            } else if rec.header.kind == REC_ENTRY {
+                entries.push(parse_entry(rec.bytes).unwrap());
+            }
+        }
+    }
+    (ivs, entries)
+}
+
+#[test]
+fn records_aggregate_intervals_in_place_and_closes_them() {
+    use hrperf_fmt_aggregate::record::{IV_FL_INCONSISTENT, KEY_IP, KEY_PID_IP, KEY_STACK};
+    use hrperf_fmt_aggregate::{AggregateArg, AGGREGATE_OPS};
+    for key in [KEY_IP, KEY_PID_IP, KEY_STACK] {
+        let sys = fake();
+        sys.register(&AGGREGATE_OPS);
+        sys.set_ips(5);
+        let dir = tempfile::tempdir().unwrap();
+        sys.push_child(FakeChild {
+            run_ns: 50_000_000,
+            ..FakeChild::default()
+        });
+        let mut config = cfg("cpu-clock", Mode::Overflow { period: 100_000 });
+        config.format = "aggregate".into();
+        config.format_arg = AggregateArg {
+            key,
+            ..AggregateArg::default()
+        }
+        .to_bytes()
+        .to_vec();
+        let opts = KmodRecordOptions {
+            config,
+            command: vec!["work".into()],
+            switch_interval_ns: 10_000_000,
+            ..KmodRecordOptions::default()
+        };
+        let (path, s) = record(&sys, &opts, dir.path());
+        let r = Reader::open(&path).unwrap();
+        assert_eq!(r.meta().format_name, "aggregate");
+        assert_eq!(
+            r.meta().format_arg, opts.config.format_arg,
+            "the argument reached the session and the capture"
+        );
+        let scan = r.scan();
+        assert!(scan.error.is_none() && scan.warnings.is_empty(), "{:?}", scan.warnings);
+        let (ivs, entries) = aggregates(&path);
+        let acks = sys.acks();
+        let switches = sys.switches();
+        assert_eq!(s.aggregate.len(), 2);
+        for cpu in [0u32, 1] {
+            let mine: Vec<_> = ivs.iter().filter(|iv| iv.cpu == cpu).collect();
+            let n = mine.len() as u64;
+            // 50 ms closed every 10 ms, and once more at the end.
+            assert!(n >= 5, "key {key} cpu {cpu}: {n} intervals");
+            // Published intervals are read and acknowledged in order, each once.
+            assert_eq!(
+                mine.iter().map(|iv| iv.seq).collect::<Vec<_>>(),
+                (1..=n).collect::<Vec<_>>()
+            );
+            assert_eq!(
+                acks.iter().filter(|a| a.0 == cpu).map(|a| a.1).collect::<Vec<_>>(),
+                (1..=n).collect::<Vec<_>>()
+            );
+            // Every interval was closed by a RESTART (none filled its table).
+            assert_eq!(switches.iter().filter(|&&c| c == cpu).count() as u64, n);
+            // Conservation: per interval, Σ count + other == samples.
+            for iv in &mine {
+                assert_eq!(iv.flags & IV_FL_INCONSISTENT, 0);
+                assert_eq!(iv.key_kind, key);
+                let rows: Vec<_> = entries
+                    .iter()
+                    .filter(|e| e.cpu == cpu && e.seq == iv.seq)
+                    .collect();
+                assert_eq!(rows.len() as u64, iv.entries);
+                let counted: u64 = rows.iter().map(|e| e.count).sum();
+                assert_eq!(counted + iv.other_count, iv.samples);
+                if key == KEY_PID_IP {
+                    assert!(rows.iter().all(|e| e.pid == 77));
+                }
+                if key != KEY_STACK && iv.samples >= 5 {
+                    assert_eq!(rows.len(), 5, "the fake's five IPs");
+                }
+            }
+            // Every dispatched sample is in exactly one interval.
+            let samples: u64 = mine.iter().map(|iv| iv.samples).sum();
+            let st = s.per_cpu.iter().find(|c| c.cpu == cpu).unwrap();
+            assert_eq!(samples, st.overflows);
+            assert_eq!(samples, 500, "50 ms at one sample per 100 µs");
+            let a = s.aggregate.iter().find(|a| a.cpu == cpu).unwrap();
+            assert_eq!((a.intervals, a.samples, a.dispatched), (n, samples, samples));
+            assert_eq!(a.inconsistent, 0);
+        }
+        assert_eq!(s.samples, 1000);
+        assert!(sys.calls().iter().any(|c| c == "HRPERF_IOC_RESTART"));
+        assert_clean(&sys);
+    }
+}
+
+#[test]
+fn interval_drain_reads_a_full_table_switch_and_acks_it() {
+    use hrperf_fmt_aggregate::{AggregateArg, AGGREGATE_OPS};
+    let sys = fake();
+    sys.register(&AGGREGATE_OPS);
+    sys.set_ips(64);
+    let mut config = cfg("cpu-clock", Mode::Overflow { period: 100_000 });
+    config.format = "aggregate".into();
+    // 16 slots, switch at half full: the handler switches by itself every 8 new keys.
+    config.format_arg = AggregateArg {
+        slots: 16,
+        switch_permille: 500,
+        ..AggregateArg::default()
+    }
+    .to_bytes()
+    .to_vec();
+    let mut s = Session::create(sys.clone(), &config).unwrap();
+    assert!(s.has_intervals());
+    s.start().unwrap();
+    sys.advance(1_000_000); // 10 samples per CPU: one switch at the 8th key (or 9th sample)
+    assert!(s.wait(0).unwrap(), "a published interval wakes the reader");
+    let mut chunk = Vec::new();
+    let mut agg = crate::record::AggCpuSummary::default();
+    let (cpu, n) = s.drain_intervals(0, &mut chunk, &mut agg).unwrap();
+    assert_eq!(cpu, 0);
+    assert!(n >= 2, "an INTERVAL and its entries: {n}");
+    assert_eq!(agg.intervals, 1);
+    assert_eq!(sys.acks(), vec![(0, 1)]);
+    let (_, n) = s.drain_intervals(0, &mut chunk, &mut agg).unwrap();
+    assert_eq!((n, agg.intervals), (0, 1), "nothing is read twice");
+    // Close the active interval: RESTART publishes it, the next drain reads it.
+    s.restart_cpu(0).unwrap();
+    let e = s.restart_cpu(0).unwrap_err();
+    assert_eq!(e.errno(), Some(libc::EBUSY), "not switched before the ack: {e}");
+    let (_, n) = s.drain_intervals(0, &mut chunk, &mut agg).unwrap();
+    assert!(n >= 1);
+    assert_eq!(agg.intervals, 2);
+    assert_eq!(agg.samples, 10, "Σ samples of the two intervals");
+    assert!(!s.wait(0).unwrap(), "CONSUME acknowledged the notifications");
+    s.stop().unwrap();
+    drop(s);
+    assert_clean(&sys);
+}

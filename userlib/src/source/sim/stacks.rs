@@ -45,6 +45,9 @@ pub const USER_FUNCS: &[Func] = &[
     f("hash_join", 0x40_1300, 0x300, "simapp"),
     f("scan_table", 0x40_1600, 0x200, "simapp"),
     f("btree_lookup", 0x40_1800, 0x200, "simapp"),
+    // Where the phases workload's other phases run (PEBS samples).
+    f("stream_copy", 0x40_4000, 0x400, "simapp"),
+    f("parse_json", 0x40_8000, 0x1000, "simapp"),
     f("__memmove_avx_unaligned_erms", 0x7f00_0010_0000, 0x400, "libc.so.6"),
     f("__libc_read", 0x7f00_0010_1000, 0x80, "libc.so.6"),
 ];
@@ -61,6 +64,7 @@ pub const KERNEL_FUNCS: &[Func] = &[
     f("exc_page_fault", 0xffff_ffff_8100_0640, 0xc0, "[kernel]"),
     f("handle_mm_fault", 0xffff_ffff_8100_0700, 0x300, "[kernel]"),
     f("clear_page_erms", 0xffff_ffff_8100_0a00, 0x40, "[kernel]"),
+    f("generic_perform_write", 0xffff_ffff_8100_0a40, 0x15c0, "[kernel]"),
     f("cpu_startup_entry", 0xffff_ffff_8180_0000, 0x40, "[kernel]"),
     f("do_idle", 0xffff_ffff_8180_0040, 0x100, "[kernel]"),
     f("default_idle_call", 0xffff_ffff_8180_0140, 0x40, "[kernel]"),
