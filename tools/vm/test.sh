@@ -25,16 +25,19 @@ else
     GUEST_FILES=("$RUN/hrperf_test")
 fi
 
-# The userspace half (default test only): the hrperf CLI, its delta and llc-stack decoder plugins and
+# The userspace half (default test only): the hrperf CLI, every decoder plugin and
 # libhrperf.so (C API), release builds stripped for the initramfs; the C API test
 # program; python3 with the few stdlib modules the Python helper's test imports.
 userspace_files() {
     local target=${CARGO_TARGET_DIR:-$REPO/target}/release bin=$RUN/bin f
-    log "cargo: hrperf CLI, delta and llc-stack decoders, libhrperf.so (release)"
+    local plugins=(delta llc_stack aggregate pebs) p
+    log "cargo: hrperf CLI, decoder plugins (${plugins[*]}), libhrperf.so (release)"
     (cd "$REPO" && cargo build --release -q -p hrperf-cli -p hrperf-decode-delta \
-        -p hrperf-decode-llc-stack -p hrperf-capi) >&2
+        -p hrperf-decode-llc-stack -p hrperf-decode-aggregate -p hrperf-decode-pebs -p hrperf-capi) >&2
     mkdir -p "$bin"
-    for f in hrperf hrperf-burn libhrperf_decode_delta.so libhrperf_decode_llc_stack.so libhrperf.so; do
+    local files=(hrperf hrperf-burn libhrperf.so)
+    for p in "${plugins[@]}"; do files+=("libhrperf_decode_$p.so"); done
+    for f in "${files[@]}"; do
         strip -o "$bin/$f" "$target/$f"
     done
     gcc -O2 -Wall -Wextra -Werror -I"$REPO/include" -o "$bin/hrperf_api_test" \
@@ -44,6 +47,8 @@ userspace_files() {
         "$bin/hrperf-burn:/usr/bin/hrperf-burn"
         "$bin/libhrperf_decode_delta.so:/usr/bin/libhrperf_decode_delta.so"
         "$bin/libhrperf_decode_llc_stack.so:/usr/bin/libhrperf_decode_llc_stack.so"
+        "$bin/libhrperf_decode_aggregate.so:/usr/bin/libhrperf_decode_aggregate.so"
+        "$bin/libhrperf_decode_pebs.so:/usr/bin/libhrperf_decode_pebs.so"
         "$bin/hrperf_api_test:/usr/bin/hrperf_api_test"
         "$REPO/userlib/python/hrperf.py:/py/hrperf.py"
         "$VM_DIR/guest/hrperf_py_test.py:/py/hrperf_py_test.py" "$VM_DIR/guest/cli.sh:/cli.sh")
