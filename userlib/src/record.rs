@@ -220,6 +220,18 @@ pub struct AggCpuSummary {
     pub dispatched: u64,
 }
 
+impl AggCpuSummary {
+    /// Adds one drained interval's totals.
+    pub fn add_interval(&mut self, s: &hrperf_fmt_aggregate::record::IntervalRecord) {
+        self.intervals += 1;
+        self.samples += s.samples;
+        self.entries += s.entries;
+        self.other_count += s.other_count;
+        self.misses += s.misses;
+        self.inconsistent += u64::from(s.flags & IV_FL_INCONSISTENT != 0);
+    }
+}
+
 /// How one CPU's PEBS records were accounted for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PebsCpuSummary {
@@ -666,17 +678,7 @@ pub fn record_perf_pebs<W: Write>(
     let mut stats: Vec<CpuStats> = Vec::with_capacity(info.cpus.len());
     for &cpu in &info.cpus {
         index[cpu as usize] = stats.len();
-        stats.push(CpuStats {
-            cpu,
-            masked_now: 0,
-            records: 0,
-            drops: 0,
-            overflows: 0,
-            masked: 0,
-            multi_wraps: 0,
-            poll_ticks: 0,
-            missed_ticks: 0,
-        });
+        stats.push(CpuStats { cpu, ..CpuStats::default() });
     }
     let write_pending = |writer: &mut Writer<W>, stats: &mut [CpuStats]| -> Result<(), RecordError> {
         for st in stats.iter_mut() {
@@ -895,12 +897,7 @@ fn drain_aggregate<W: Write>(slot: &mut CpuSlot, writer: &mut Writer<W>, chunk: 
             chunk.extend_from_slice(rec);
             n += 1;
         });
-        a.intervals += 1;
-        a.samples += s.samples;
-        a.entries += s.entries;
-        a.other_count += s.other_count;
-        a.misses += s.misses;
-        a.inconsistent += u64::from(s.flags & IV_FL_INCONSISTENT != 0);
+        a.add_interval(&s);
         view.ack(iv).map_err(bad)?;
     }
     a.switch_waits = view.switch_waits();

@@ -213,6 +213,7 @@ assert_layout!(CpuArg, size 8, align 4);
 
 abi_struct! {
     /// Counters of one CPU of a session.
+    #[derive(Default)]
     pub struct CpuStats {
         /// The CPU.
         pub cpu: u32,

@@ -109,8 +109,9 @@ pub static DELTA_OPS: FormatOps = FormatOps {
     getsize: Some(delta_getsize),
     init: Some(delta_init),
     handler: Some(delta_handler),
-    restart: Some(delta_restart),
-    exit: Some(delta_exit),
+    // Nothing to reset or free (the ring never masks; the core owns the buffer).
+    restart: None,
+    exit: None,
     start: None,
     stop: None,
 };
@@ -306,27 +307,7 @@ pub unsafe extern "C" fn delta_handler(
     }
 }
 
-/// `restart` callback: nothing to do (the ring never masks).
-///
-/// # Safety
-///
-/// The `RestartFn` contract: `ctrl` null or valid for a write.
-pub unsafe extern "C" fn delta_restart(_buf: *mut u8, _buf_len: usize, ctrl: *mut u32) -> i32 {
-    if !ctrl.is_null() {
-        // SAFETY: non-null and writable, the caller's contract.
-        unsafe { ctrl.write(0) };
-    }
-    0
-}
 
-/// `exit` callback: nothing to free (the core owns the buffer).
-///
-/// # Safety
-///
-/// The `BufferFn` contract (nothing is dereferenced).
-pub unsafe extern "C" fn delta_exit(_buf: *mut u8, _buf_len: usize) -> i32 {
-    0
-}
 
 /// Reads one scalar of the `OverflowArg` on its own.
 ///

@@ -410,11 +410,8 @@ fn ops_table_registers_and_lists() {
         (info.uuid, info.version, info.arg_size, info.flags),
         (DELTA_UUID, 0x0001_0000, 16, FMT_FL_RING)
     );
-    let mut ctrl = 9;
-    let f = DELTA_OPS.restart.unwrap();
-    // SAFETY: restart only writes `ctrl`.
-    assert_eq!(unsafe { f(core::ptr::null_mut(), 0, &mut ctrl) }, 0);
-    assert_eq!(ctrl, 0);
+    // No restart/exit callbacks: the engine treats them as "nothing to do".
+    assert!(DELTA_OPS.restart.is_none() && DELTA_OPS.exit.is_none());
 }
 
 #[test]

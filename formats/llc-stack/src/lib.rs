@@ -141,8 +141,9 @@ pub static LLC_STACK_OPS: FormatOps = FormatOps {
     getsize: Some(llc_stack_getsize),
     init: Some(llc_stack_init),
     handler: Some(llc_stack_handler),
-    restart: Some(llc_stack_restart),
-    exit: Some(llc_stack_exit),
+    // Nothing to reset or free (the ring never masks; the core owns the buffer).
+    restart: None,
+    exit: None,
     start: None,
     stop: None,
 };
@@ -332,27 +333,7 @@ pub unsafe extern "C" fn llc_stack_handler(
     }
 }
 
-/// `restart` callback: nothing to do (the ring never masks).
-///
-/// # Safety
-///
-/// The `RestartFn` contract: `ctrl` null or valid for a write.
-pub unsafe extern "C" fn llc_stack_restart(_buf: *mut u8, _buf_len: usize, ctrl: *mut u32) -> i32 {
-    if !ctrl.is_null() {
-        // SAFETY: non-null and writable, the caller's contract.
-        unsafe { ctrl.write(0) };
-    }
-    0
-}
 
-/// `exit` callback: nothing to free (the core owns the buffer).
-///
-/// # Safety
-///
-/// The `BufferFn` contract (nothing is dereferenced).
-pub unsafe extern "C" fn llc_stack_exit(_buf: *mut u8, _buf_len: usize) -> i32 {
-    0
-}
 
 /// Captures one stack with `f` into `slots` frames at `out`; returns the frames kept
 /// (at most `max`) and whether the stack was cut.

@@ -89,17 +89,7 @@ impl Scan {
             t.lost_records += c.lost_records;
             t.lost += c.lost;
             if let Some(s) = c.stats {
-                let acc = t.stats.get_or_insert(CpuStats {
-                    cpu: u32::MAX,
-                    masked_now: 0,
-                    records: 0,
-                    drops: 0,
-                    overflows: 0,
-                    masked: 0,
-                    multi_wraps: 0,
-                    poll_ticks: 0,
-                    missed_ticks: 0,
-                });
+                let acc = t.stats.get_or_insert(CpuStats { cpu: u32::MAX, ..CpuStats::default() });
                 acc.masked_now += s.masked_now;
                 acc.records += s.records;
                 acc.drops += s.drops;

@@ -72,7 +72,6 @@ use hrperf_abi::{
 };
 use hrperf_engine::{Buffer, RingReader};
 use hrperf_fmt_aggregate::consumer::{Access, AggView};
-use hrperf_fmt_aggregate::record::IV_FL_INCONSISTENT;
 
 use super::EventSpec;
 use crate::capture::CaptureError;
@@ -698,17 +697,7 @@ impl Session {
 
     /// `HRPERF_IOC_STATS`: per-CPU statistics, in buffer order.
     pub fn stats(&self) -> Result<Vec<CpuStats>, KmodError> {
-        let zero = CpuStats {
-            cpu: 0,
-            masked_now: 0,
-            records: 0,
-            drops: 0,
-            overflows: 0,
-            masked: 0,
-            multi_wraps: 0,
-            poll_ticks: 0,
-            missed_ticks: 0,
-        };
+        let zero = CpuStats::default();
         let mut entries = vec![zero; self.slots.len()];
         let mut a = StatsArg {
             size: core::mem::size_of::<StatsArg>() as u32,
@@ -835,12 +824,7 @@ impl Session {
                 chunk.extend_from_slice(rec);
                 n += 1;
             });
-            agg.intervals += 1;
-            agg.samples += s.samples;
-            agg.entries += s.entries;
-            agg.other_count += s.other_count;
-            agg.misses += s.misses;
-            agg.inconsistent += u64::from(s.flags & IV_FL_INCONSISTENT != 0);
+            agg.add_interval(&s);
             self.consume(cpu, iv.finish())?;
             acked = true;
         }
