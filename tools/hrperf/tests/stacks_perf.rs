@@ -220,4 +220,27 @@ fn imported_perf_data_matches_perf_report() {
         );
     }
     assert!(compared >= 7, "{compared} functions compared");
+
+    // The same workload recorded by hrperf itself (perf source, callchains into the
+    // llc-stack format): a second run, so the shares agree statistically, not exactly.
+    let own = dir.path().join("own.data");
+    let out = Command::new(env!("CARGO_BIN_EXE_hrperf"))
+        .args(["record", "-q", "--source", "perf", "--format", "llc-stack", "-e", "cpu-clock", "-F", "999", "-o"])
+        .arg(&own)
+        .arg("--")
+        .arg(&exe)
+        .arg("1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "hrperf record: {}", String::from_utf8_lossy(&out.stderr));
+    let p2 = Profile::from_reader(&Reader::open(&own).unwrap(), &ProfileOptions::default()).unwrap();
+    assert!(p2.total_samples() > 300, "{} samples", p2.total_samples());
+    eprintln!("{:<28} {:>9} {:>9} {:>9} {:>9}", "hrperf record (2nd run)", "perf incl", "hrperf", "perf self", "hrperf");
+    for f in ["main", "burn_middle", "burn_leaf_a", "burn_leaf_b", "burn_outer", "burn_solo"] {
+        let s = p2.function(f).unwrap_or_else(|| panic!("{f} in hrperf's own recording"));
+        let (hi, hs) = (p2.pct(s.inclusive), p2.pct(s.self_weight));
+        let (pc, ps) = (perf_children[f], perf_self.get(f).copied().unwrap_or(0.0));
+        eprintln!("{f:<28} {pc:>8.2}% {hi:>8.2}% {ps:>8.2}% {hs:>8.2}%");
+        assert!((hi - pc).abs() <= 4.0 && (hs - ps).abs() <= 4.0, "{f}: perf {pc:.2}/{ps:.2}, hrperf {hi:.2}/{hs:.2}");
+    }
 }
