@@ -38,8 +38,9 @@ extern crate self as hrperf_abi;
 #[path = "../engine/src/lib.rs"]
 #[expect(unused_attributes, reason = "the crate-level #![no_std] of a file used as a module")]
 pub mod engine;
-/// The aggregate format's `hrperf_engine::Buffer` names the engine's, re-exported here.
-pub use engine::Buffer;
+/// The aggregate format's `hrperf_engine::{Buffer, callback}` name the engine's,
+/// re-exported here.
+pub use engine::{callback, Buffer};
 /// `hrperf_engine::` paths (the aggregate format) name this crate.
 extern crate self as hrperf_engine;
 

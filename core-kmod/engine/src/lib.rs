@@ -74,6 +74,7 @@
 #![no_std]
 #![warn(missing_docs)]
 
+pub mod callback;
 pub mod counter;
 pub mod error;
 pub mod format;

@@ -389,16 +389,8 @@ unsafe fn c_config(
     arg: *const u8,
     arg_len: usize,
 ) -> Result<Config, i32> {
-    // SAFETY: null or valid, the caller's contract.
-    let params = unsafe { params.as_ref() }.ok_or(EFAULT)?;
-    let arg = if arg_len == 0 {
-        &[][..]
-    } else if arg.is_null() {
-        return Err(EFAULT);
-    } else {
-        // SAFETY: non-null and valid for `arg_len` bytes, the caller's contract.
-        unsafe { core::slice::from_raw_parts(arg, arg_len) }
-    };
+    // SAFETY: forwarded contract.
+    let (params, arg) = unsafe { hrperf_engine::callback::session_args(params, arg, arg_len) }?;
     config(params, &parse_arg(arg)?)
 }
 
@@ -436,12 +428,8 @@ pub unsafe extern "C" fn aggregate_getsize(
         Ok(None) => return -EINVAL,
         Err(e) => return -e,
     };
-    if size.is_null() {
-        return -EFAULT;
-    }
-    // SAFETY: non-null and writable, the caller's contract.
-    unsafe { size.write(l.buf_size) };
-    0
+    // SAFETY: forwarded contract.
+    unsafe { hrperf_engine::callback::write_size(size, l.buf_size) }
 }
 
 /// Lays out a buffer for `cfg` (what `init` does): zeroes the format's area, writes the

@@ -190,16 +190,8 @@ unsafe fn c_args<'a>(
     arg: *const u8,
     arg_len: usize,
 ) -> Result<(&'a SessionParams, DeltaArg), i32> {
-    // SAFETY: null or valid, the caller's contract.
-    let params = unsafe { params.as_ref() }.ok_or(EFAULT)?;
-    let arg = if arg_len == 0 {
-        &[][..]
-    } else if arg.is_null() {
-        return Err(EFAULT);
-    } else {
-        // SAFETY: non-null and valid for `arg_len` bytes, the caller's contract.
-        unsafe { core::slice::from_raw_parts(arg, arg_len) }
-    };
+    // SAFETY: forwarded contract.
+    let (params, arg) = unsafe { hrperf_engine::callback::session_args(params, arg, arg_len) }?;
     check_params(params)?;
     Ok((params, parse_arg(arg)?))
 }
@@ -241,12 +233,8 @@ pub unsafe extern "C" fn delta_getsize(
         Ok(l) => l,
         Err(e) => return neg(e),
     };
-    if size.is_null() {
-        return neg(EFAULT);
-    }
-    // SAFETY: non-null and writable, the caller's contract.
-    unsafe { size.write(l.buf_size) };
-    0
+    // SAFETY: forwarded contract.
+    unsafe { hrperf_engine::callback::write_size(size, l.buf_size) }
 }
 
 /// `init` callback: lays out the ring and zeroes `last` (virtual counters start at 0).

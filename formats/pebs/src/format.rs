@@ -655,16 +655,8 @@ pub static PEBS_OPS: FormatOps = FormatOps {
 /// `params` is null or valid for reads; `arg` is valid for `arg_len` bytes of reads if
 /// `arg_len > 0`, for the duration of the call.
 unsafe fn c_plan(params: *const SessionParams, arg: *const u8, arg_len: usize) -> Result<Plan, i32> {
-    // SAFETY: null or valid, the caller's contract.
-    let params = unsafe { params.as_ref() }.ok_or(EFAULT)?;
-    let arg = if arg_len == 0 {
-        &[][..]
-    } else if arg.is_null() {
-        return Err(EFAULT);
-    } else {
-        // SAFETY: non-null and valid for `arg_len` bytes, the caller's contract.
-        unsafe { core::slice::from_raw_parts(arg, arg_len) }
-    };
+    // SAFETY: forwarded contract.
+    let (params, arg) = unsafe { hrperf_engine::callback::session_args(params, arg, arg_len) }?;
     plan(params, &parse_arg(arg)?)
 }
 
@@ -709,12 +701,8 @@ pub unsafe extern "C" fn pebs_getsize(
         Ok(p) => p,
         Err(e) => return -e,
     };
-    if size.is_null() {
-        return -EFAULT;
-    }
-    // SAFETY: non-null and writable, the caller's contract.
-    unsafe { size.write(p.buf_size) };
-    0
+    // SAFETY: forwarded contract.
+    unsafe { hrperf_engine::callback::write_size(size, p.buf_size) }
 }
 
 /// `init` callback: fills the PEBS header and the DS area (base, index, absolute
