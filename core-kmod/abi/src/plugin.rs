@@ -160,6 +160,35 @@ impl FieldValue {
         ptr: core::ptr::null(),
         len: 0,
     };
+
+    /// An integer value of `kind` (`FIELD_U64`, `FIELD_I64`, `FIELD_HEX`, `FIELD_TIME`).
+    pub const fn int(kind: u32, value: u64) -> FieldValue {
+        FieldValue { kind, flags: 0, value, ptr: core::ptr::null(), len: 0 }
+    }
+
+    /// A value of `kind` absent from this record.
+    pub const fn absent(kind: u32) -> FieldValue {
+        FieldValue { kind, flags: FIELD_FL_ABSENT, value: 0, ptr: core::ptr::null(), len: 0 }
+    }
+
+    /// [`FieldValue::int`] if `value` is there, else [`FieldValue::absent`].
+    pub const fn opt(kind: u32, value: Option<u64>) -> FieldValue {
+        match value {
+            Some(v) => FieldValue::int(kind, v),
+            None => FieldValue::absent(kind),
+        }
+    }
+
+    /// A `FIELD_STR` pointing at `s` (valid as long as `s`).
+    pub fn text(s: &(impl AsRef<[u8]> + ?Sized)) -> FieldValue {
+        let b = s.as_ref();
+        FieldValue { kind: FIELD_STR, flags: 0, value: 0, ptr: b.as_ptr(), len: b.len() as u64 }
+    }
+
+    /// A `FIELD_HEX_LIST` of the `bytes.len() / 8` native-endian u64s at `bytes`.
+    pub fn hex_list(bytes: &[u8]) -> FieldValue {
+        FieldValue { kind: FIELD_HEX_LIST, flags: 0, value: 0, ptr: bytes.as_ptr(), len: (bytes.len() / 8) as u64 }
+    }
 }
 
 /// Decodes one record (`rec[..len]`, header included) into `out[..out_cap]`.

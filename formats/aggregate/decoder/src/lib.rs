@@ -35,11 +35,10 @@
 //! [`decode_record`] directly. Decoding never panics on any bytes: every access goes
 //! through the format's parsers, which check sizes.
 
-
 use hrperf_abi::plugin::{
     c_name,
     DecodeCtx, FieldDesc, FieldValue, PluginDecl, RecordKindDesc, DECODE_EMALFORMED,
-    DECODE_ESPACE, DECODE_ETRUNCATED, DECODE_EUNKNOWN, FIELD_FL_ABSENT, FIELD_HEX, FIELD_HEX_LIST,
+    DECODE_ESPACE, DECODE_ETRUNCATED, DECODE_EUNKNOWN, FIELD_HEX, FIELD_HEX_LIST,
     FIELD_STR, FIELD_TIME, FIELD_U64, PLUGIN_ABI_VERSION,
 };
 use hrperf_fmt_aggregate::record::{
@@ -238,36 +237,6 @@ pub extern "C" fn hrperf_decoder_plugin() -> *const PluginDecl {
     &DECL
 }
 
-fn int(kind: u32, value: u64) -> FieldValue {
-    FieldValue {
-        kind,
-        flags: 0,
-        value,
-        ptr: core::ptr::null(),
-        len: 0,
-    }
-}
-
-fn absent(kind: u32) -> FieldValue {
-    FieldValue {
-        kind,
-        flags: FIELD_FL_ABSENT,
-        value: 0,
-        ptr: core::ptr::null(),
-        len: 0,
-    }
-}
-
-fn text(s: &'static str) -> FieldValue {
-    FieldValue {
-        kind: FIELD_STR,
-        flags: 0,
-        value: 0,
-        ptr: s.as_ptr(),
-        len: s.len() as u64,
-    }
-}
-
 fn closed_by(flags: u32) -> &'static str {
     if flags & IV_FL_CLOSED_AUTO != 0 {
         "auto"
@@ -321,24 +290,24 @@ pub fn decode_record(rec: &[u8], out: &mut [FieldValue]) -> i32 {
 fn decode_interval(rec: &[u8], out: &mut [FieldValue]) -> Result<(), ParseError> {
     let r = record::parse_interval(rec)?;
     let vals = [
-        int(FIELD_U64, r.cpu.into()),
-        int(FIELD_U64, r.seq),
-        int(FIELD_TIME, r.start_ns),
-        int(FIELD_TIME, r.end_ns),
-        text(record::key_name(r.key_kind)),
-        int(FIELD_U64, r.counter.into()),
-        int(FIELD_U64, r.samples),
-        int(FIELD_U64, r.entries),
-        int(FIELD_U64, r.stacks),
-        int(FIELD_U64, r.other_count),
-        int(FIELD_U64, r.other_sum),
-        int(FIELD_U64, r.misses),
-        int(FIELD_U64, r.sum_total),
-        int(FIELD_U64, r.stack_misses),
-        int(FIELD_U64, r.stack_truncated),
-        int(FIELD_U64, r.multi_wraps),
-        text(closed_by(r.flags)),
-        int(FIELD_HEX, r.flags.into()),
+        FieldValue::int(FIELD_U64, r.cpu.into()),
+        FieldValue::int(FIELD_U64, r.seq),
+        FieldValue::int(FIELD_TIME, r.start_ns),
+        FieldValue::int(FIELD_TIME, r.end_ns),
+        FieldValue::text(record::key_name(r.key_kind)),
+        FieldValue::int(FIELD_U64, r.counter.into()),
+        FieldValue::int(FIELD_U64, r.samples),
+        FieldValue::int(FIELD_U64, r.entries),
+        FieldValue::int(FIELD_U64, r.stacks),
+        FieldValue::int(FIELD_U64, r.other_count),
+        FieldValue::int(FIELD_U64, r.other_sum),
+        FieldValue::int(FIELD_U64, r.misses),
+        FieldValue::int(FIELD_U64, r.sum_total),
+        FieldValue::int(FIELD_U64, r.stack_misses),
+        FieldValue::int(FIELD_U64, r.stack_truncated),
+        FieldValue::int(FIELD_U64, r.multi_wraps),
+        FieldValue::text(closed_by(r.flags)),
+        FieldValue::int(FIELD_HEX, r.flags.into()),
     ];
     for (o, v) in out.iter_mut().zip(vals) {
         *o = v;
@@ -350,33 +319,33 @@ fn decode_entry(rec: &[u8], out: &mut [FieldValue]) -> Result<(), ParseError> {
     let r = record::parse_entry(rec)?;
     let stack = r.key_kind == KEY_STACK;
     let vals = [
-        int(FIELD_U64, r.cpu.into()),
-        int(FIELD_U64, r.seq),
-        int(FIELD_TIME, r.start_ns),
-        int(FIELD_TIME, r.end_ns),
-        text(record::key_name(r.key_kind)),
+        FieldValue::int(FIELD_U64, r.cpu.into()),
+        FieldValue::int(FIELD_U64, r.seq),
+        FieldValue::int(FIELD_TIME, r.start_ns),
+        FieldValue::int(FIELD_TIME, r.end_ns),
+        FieldValue::text(record::key_name(r.key_kind)),
         if r.key_kind == KEY_IP {
-            absent(FIELD_U64)
+            FieldValue::absent(FIELD_U64)
         } else {
-            int(FIELD_U64, r.pid.into())
+            FieldValue::int(FIELD_U64, r.pid.into())
         },
         if stack {
-            absent(FIELD_HEX)
+            FieldValue::absent(FIELD_HEX)
         } else {
-            int(FIELD_HEX, r.ip)
+            FieldValue::int(FIELD_HEX, r.ip)
         },
         if stack {
-            int(FIELD_U64, r.kstack_id.into())
+            FieldValue::int(FIELD_U64, r.kstack_id.into())
         } else {
-            absent(FIELD_U64)
+            FieldValue::absent(FIELD_U64)
         },
         if stack {
-            int(FIELD_U64, r.ustack_id.into())
+            FieldValue::int(FIELD_U64, r.ustack_id.into())
         } else {
-            absent(FIELD_U64)
+            FieldValue::absent(FIELD_U64)
         },
-        int(FIELD_U64, r.count),
-        int(FIELD_U64, r.sum),
+        FieldValue::int(FIELD_U64, r.count),
+        FieldValue::int(FIELD_U64, r.sum),
     ];
     for (o, v) in out.iter_mut().zip(vals) {
         *o = v;
@@ -387,16 +356,16 @@ fn decode_entry(rec: &[u8], out: &mut [FieldValue]) -> Result<(), ParseError> {
 fn decode_stack(rec: &[u8], out: &mut [FieldValue]) -> Result<(), ParseError> {
     let (r, frames) = record::parse_stack(rec)?;
     let vals = [
-        int(FIELD_U64, r.cpu.into()),
-        int(FIELD_U64, r.seq),
-        int(FIELD_U64, r.stack_id.into()),
-        text(if r.flags & STACK_FL_KERNEL != 0 {
+        FieldValue::int(FIELD_U64, r.cpu.into()),
+        FieldValue::int(FIELD_U64, r.seq),
+        FieldValue::int(FIELD_U64, r.stack_id.into()),
+        FieldValue::text(if r.flags & STACK_FL_KERNEL != 0 {
             "kernel"
         } else {
             "user"
         }),
-        int(FIELD_U64, u64::from(r.flags & STACK_FL_TRUNCATED != 0)),
-        int(FIELD_U64, r.depth.into()),
+        FieldValue::int(FIELD_U64, u64::from(r.flags & STACK_FL_TRUNCATED != 0)),
+        FieldValue::int(FIELD_U64, r.depth.into()),
         FieldValue {
             kind: FIELD_HEX_LIST,
             flags: 0,

@@ -20,11 +20,10 @@
 //! use [`DECL`] and [`decode_record`] directly. Decoding never panics on any bytes: every
 //! access goes through [`hrperf_fmt_delta::record::parse`], which checks sizes.
 
-
 use hrperf_abi::plugin::{
     c_name, decode_entry,
     DecodeCtx, FieldDesc, FieldValue, PluginDecl, RecordKindDesc, DECODE_EMALFORMED,
-    DECODE_ESPACE, DECODE_ETRUNCATED, DECODE_EUNKNOWN, FIELD_COUNTERS, FIELD_FL_ABSENT, FIELD_HEX,
+    DECODE_ESPACE, DECODE_ETRUNCATED, DECODE_EUNKNOWN, FIELD_COUNTERS, FIELD_HEX,
     FIELD_STR, FIELD_TIME, FIELD_U64, PLUGIN_ABI_VERSION,
 };
 use hrperf_abi::record::{MISC_INSTRUCTED, MISC_OVERFLOW, MISC_POLL};
@@ -94,26 +93,6 @@ static TRIGGER_OVERFLOW: &str = "overflow";
 static TRIGGER_POLL: &str = "poll";
 static TRIGGER_INSTRUCTED: &str = "instructed";
 
-fn int(kind: u32, value: u64) -> FieldValue {
-    FieldValue {
-        kind,
-        flags: 0,
-        value,
-        ptr: core::ptr::null(),
-        len: 0,
-    }
-}
-
-fn absent(kind: u32) -> FieldValue {
-    FieldValue {
-        kind,
-        flags: FIELD_FL_ABSENT,
-        value: 0,
-        ptr: core::ptr::null(),
-        len: 0,
-    }
-}
-
 /// Decodes `rec` (one record, header included) into `out[..9]`, as the ABI's `decode`
 /// does; returns 0 (the `delta` kind's index) or a negative `DECODE_E*` code.
 ///
@@ -143,10 +122,10 @@ pub fn decode_record(rec: &[u8], out: &mut [FieldValue]) -> i32 {
     let Some(deltas) = rec.get(FIXED_SIZE..FIXED_SIZE + 8 * s.nr as usize) else {
         return DECODE_ETRUNCATED;
     };
-    out[idx::CPU] = int(FIELD_U64, s.cpu.into());
-    out[idx::TIME_NS] = int(FIELD_TIME, s.time_ns);
-    out[idx::PID] = int(FIELD_U64, s.pid.into());
-    out[idx::TID] = int(FIELD_U64, s.tid.into());
+    out[idx::CPU] = FieldValue::int(FIELD_U64, s.cpu.into());
+    out[idx::TIME_NS] = FieldValue::int(FIELD_TIME, s.time_ns);
+    out[idx::PID] = FieldValue::int(FIELD_U64, s.pid.into());
+    out[idx::TID] = FieldValue::int(FIELD_U64, s.tid.into());
     out[idx::TRIGGER] = FieldValue {
         kind: FIELD_STR,
         flags: 0,
@@ -155,16 +134,16 @@ pub fn decode_record(rec: &[u8], out: &mut [FieldValue]) -> i32 {
         len: trigger.len() as u64,
     };
     out[idx::IP] = if overflow {
-        int(FIELD_HEX, s.ip)
+        FieldValue::int(FIELD_HEX, s.ip)
     } else {
-        absent(FIELD_HEX)
+        FieldValue::absent(FIELD_HEX)
     };
     out[idx::OVFL_COUNTER] = if overflow && s.ovfl_counter != NO_OVERFLOW_COUNTER {
-        int(FIELD_U64, s.ovfl_counter.into())
+        FieldValue::int(FIELD_U64, s.ovfl_counter.into())
     } else {
-        absent(FIELD_U64)
+        FieldValue::absent(FIELD_U64)
     };
-    out[idx::MULTI_WRAP] = int(FIELD_U64, s.multi_wrap.into());
+    out[idx::MULTI_WRAP] = FieldValue::int(FIELD_U64, s.multi_wrap.into());
     out[idx::COUNTERS] = FieldValue {
         kind: FIELD_COUNTERS,
         flags: 0,
@@ -195,7 +174,7 @@ pub unsafe extern "C" fn decode(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hrperf_abi::plugin::DECODE_EFAULT;
+    use hrperf_abi::plugin::{DECODE_EFAULT, FIELD_FL_ABSENT};
     use core::ffi::CStr;
     use hrperf_fmt_delta::record::{write, DeltaSample, MAX_RECORD_SIZE};
 

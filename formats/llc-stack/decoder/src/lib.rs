@@ -23,7 +23,7 @@
 
 use hrperf_abi::plugin::{
     c_name, decode_entry, DecodeCtx, FieldDesc, FieldValue, PluginDecl, RecordKindDesc, DECODE_EMALFORMED,
-    DECODE_ESPACE, DECODE_ETRUNCATED, DECODE_EUNKNOWN, FIELD_FL_ABSENT, FIELD_HEX, FIELD_HEX_LIST, FIELD_STR,
+    DECODE_ESPACE, DECODE_ETRUNCATED, DECODE_EUNKNOWN, FIELD_HEX, FIELD_HEX_LIST, FIELD_STR,
     FIELD_TIME, FIELD_U64, PLUGIN_ABI_VERSION,
 };
 use hrperf_fmt_llc_stack::record::{
@@ -96,18 +96,6 @@ pub extern "C" fn hrperf_decoder_plugin() -> *const PluginDecl {
     &DECL
 }
 
-fn int(kind: u32, value: u64) -> FieldValue {
-    FieldValue { kind, flags: 0, value, ptr: core::ptr::null(), len: 0 }
-}
-
-fn text(s: &[u8]) -> FieldValue {
-    FieldValue { kind: FIELD_STR, flags: 0, value: 0, ptr: s.as_ptr(), len: s.len() as u64 }
-}
-
-fn list(bytes: &[u8]) -> FieldValue {
-    FieldValue { kind: FIELD_HEX_LIST, flags: 0, value: 0, ptr: bytes.as_ptr(), len: (bytes.len() / 8) as u64 }
-}
-
 /// Decodes `rec` (one record, header included) into `out[..13]`, as the ABI's `decode`
 /// does; returns 0 (the `stack` kind) or a negative `DECODE_E*` code. String and list
 /// values point into `rec` or at static strings.
@@ -142,23 +130,19 @@ pub fn decode_record(rec: &[u8], out: &mut [FieldValue]) -> i32 {
         (false, false) => b"",
     };
     let mode: &'static [u8] = if f.flags & STK_KERNEL_IP != 0 { b"kernel" } else { b"user" };
-    out[idx::CPU] = int(FIELD_U64, f.cpu.into());
-    out[idx::TIME_NS] = int(FIELD_TIME, f.time_ns);
-    out[idx::PID] = int(FIELD_U64, f.pid.into());
-    out[idx::TID] = int(FIELD_U64, f.tid.into());
-    out[idx::COMM] = text(comm);
-    out[idx::IP] = int(FIELD_HEX, f.ip);
-    out[idx::MODE] = text(mode);
-    out[idx::ADDR] = if f.addr == 0 {
-        FieldValue { flags: FIELD_FL_ABSENT, ..int(FIELD_HEX, 0) }
-    } else {
-        int(FIELD_HEX, f.addr)
-    };
-    out[idx::WEIGHT] = int(FIELD_U64, f.weight);
-    out[idx::KERNEL_STACK] = list(kernel);
-    out[idx::USER_STACK] = list(user);
-    out[idx::TRUNCATED] = text(truncated);
-    out[idx::FLAGS] = int(FIELD_HEX, f.flags.into());
+    out[idx::CPU] = FieldValue::int(FIELD_U64, f.cpu.into());
+    out[idx::TIME_NS] = FieldValue::int(FIELD_TIME, f.time_ns);
+    out[idx::PID] = FieldValue::int(FIELD_U64, f.pid.into());
+    out[idx::TID] = FieldValue::int(FIELD_U64, f.tid.into());
+    out[idx::COMM] = FieldValue::text(comm);
+    out[idx::IP] = FieldValue::int(FIELD_HEX, f.ip);
+    out[idx::MODE] = FieldValue::text(mode);
+    out[idx::ADDR] = FieldValue::opt(FIELD_HEX, (f.addr != 0).then_some(f.addr));
+    out[idx::WEIGHT] = FieldValue::int(FIELD_U64, f.weight);
+    out[idx::KERNEL_STACK] = FieldValue::hex_list(kernel);
+    out[idx::USER_STACK] = FieldValue::hex_list(user);
+    out[idx::TRUNCATED] = FieldValue::text(truncated);
+    out[idx::FLAGS] = FieldValue::int(FIELD_HEX, f.flags.into());
     0
 }
 
@@ -182,10 +166,11 @@ pub unsafe extern "C" fn decode(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hrperf_abi::plugin::FIELD_FL_ABSENT;
     use hrperf_fmt_llc_stack::record::{encode, StackFixed, STK_USER_TRUNCATED};
 
     fn empty() -> [FieldValue; idx::N] {
-        [int(0, 0); idx::N]
+        [FieldValue::int(0, 0); idx::N]
     }
 
     fn list_of(v: &FieldValue) -> Vec<u64> {

@@ -48,7 +48,7 @@ use core::cell::Cell;
 use hrperf_abi::plugin::{
     c_name, decode_entry,
     DecodeCtx, FieldDesc, FieldValue, PluginDecl, RecordKindDesc, DECODE_EMALFORMED,
-    DECODE_ESPACE, DECODE_ETRUNCATED, DECODE_EUNKNOWN, FIELD_FL_ABSENT, FIELD_HEX, FIELD_HEX_LIST,
+    DECODE_ESPACE, DECODE_ETRUNCATED, DECODE_EUNKNOWN, FIELD_HEX, FIELD_HEX_LIST,
     FIELD_STR, FIELD_TIME, FIELD_U64, PLUGIN_ABI_VERSION,
 };
 use hrperf_fmt_pebs::datasrc::{DsrcKind, MemAccess};
@@ -192,29 +192,6 @@ thread_local! {
     static REGS: Cell<[u64; GPR_WORDS]> = const { Cell::new([0; GPR_WORDS]) };
 }
 
-fn int(kind: u32, value: u64) -> FieldValue {
-    FieldValue { kind, flags: 0, value, ptr: core::ptr::null(), len: 0 }
-}
-
-fn opt(kind: u32, value: Option<u64>) -> FieldValue {
-    match value {
-        Some(v) => int(kind, v),
-        None => absent(kind),
-    }
-}
-
-fn absent(kind: u32) -> FieldValue {
-    FieldValue { kind, flags: FIELD_FL_ABSENT, value: 0, ptr: core::ptr::null(), len: 0 }
-}
-
-fn string(s: &'static str) -> FieldValue {
-    FieldValue { kind: FIELD_STR, flags: 0, value: 0, ptr: s.as_ptr(), len: s.len() as u64 }
-}
-
-fn list(bytes: &[u8]) -> FieldValue {
-    FieldValue { kind: FIELD_HEX_LIST, flags: 0, value: 0, ptr: bytes.as_ptr(), len: (bytes.len() / 8) as u64 }
-}
-
 /// Decodes `rec` (one record, header included) into `out[..27]`, as the ABI's `decode`
 /// does; returns the kind's index (the layout id) or a negative `DECODE_E*` code.
 pub fn decode_record(rec: &[u8], out: &mut [FieldValue]) -> i32 {
@@ -230,43 +207,43 @@ pub fn decode_record(rec: &[u8], out: &mut [FieldValue]) -> i32 {
     let p = c.pebs;
     let fmt: PebsFormat = c.prefix.pebs_format;
     let split_latency = fmt.has(PebsFormat::INSTR_LATENCY) && p.layout == Layout::Adaptive;
-    out[idx::CPU] = int(FIELD_U64, c.prefix.cpu.into());
-    out[idx::TIME_NS] = opt(FIELD_TIME, (c.prefix.flags & FL_TIME != 0).then_some(c.prefix.time_ns));
-    out[idx::TSC] = opt(FIELD_U64, p.tsc);
-    out[idx::IP] = int(FIELD_HEX, p.ip);
-    out[idx::EVENTING_IP] = opt(FIELD_HEX, p.eventing_ip);
-    out[idx::DATA_ADDR] = opt(FIELD_HEX, p.mem.map(|m| m.address));
-    out[idx::LATENCY] = opt(
+    out[idx::CPU] = FieldValue::int(FIELD_U64, c.prefix.cpu.into());
+    out[idx::TIME_NS] = FieldValue::opt(FIELD_TIME, (c.prefix.flags & FL_TIME != 0).then_some(c.prefix.time_ns));
+    out[idx::TSC] = FieldValue::opt(FIELD_U64, p.tsc);
+    out[idx::IP] = FieldValue::int(FIELD_HEX, p.ip);
+    out[idx::EVENTING_IP] = FieldValue::opt(FIELD_HEX, p.eventing_ip);
+    out[idx::DATA_ADDR] = FieldValue::opt(FIELD_HEX, p.mem.map(|m| m.address));
+    out[idx::LATENCY] = FieldValue::opt(
         FIELD_U64,
         p.mem.map(|m| if split_latency { (m.latency >> 32) & 0xffff } else { m.latency & 0xffff_ffff }),
     );
-    out[idx::INSTR_LATENCY] = opt(FIELD_U64, p.mem.filter(|_| split_latency).map(|m| m.latency & 0xffff));
-    out[idx::DATA_SOURCE] = opt(FIELD_HEX, p.mem.map(|m| m.data_source));
+    out[idx::INSTR_LATENCY] = FieldValue::opt(FIELD_U64, p.mem.filter(|_| split_latency).map(|m| m.latency & 0xffff));
+    out[idx::DATA_SOURCE] = FieldValue::opt(FIELD_HEX, p.mem.map(|m| m.data_source));
     let access = p
         .mem
         .filter(|_| c.dsrc_kind != DsrcKind::None)
         .map(|m| MemAccess::from_intel(fmt, c.dsrc_kind, m.data_source));
     match access {
         Some(a) => {
-            out[idx::MEM_OP] = string(a.op.name());
-            out[idx::MEM_LEVEL] = string(a.level.name());
-            out[idx::MEM_HIT] = string(a.hit.name());
-            out[idx::MEM_REMOTE] = int(FIELD_U64, a.remote.into());
-            out[idx::MEM_SNOOP] = string(a.snoop.name());
-            out[idx::MEM_TLB] = string(a.tlb.name());
-            out[idx::MEM_LOCK] = string(a.lock.name());
-            out[idx::MEM_BLOCKED] = string(a.blocked.name());
+            out[idx::MEM_OP] = FieldValue::text(a.op.name());
+            out[idx::MEM_LEVEL] = FieldValue::text(a.level.name());
+            out[idx::MEM_HIT] = FieldValue::text(a.hit.name());
+            out[idx::MEM_REMOTE] = FieldValue::int(FIELD_U64, a.remote.into());
+            out[idx::MEM_SNOOP] = FieldValue::text(a.snoop.name());
+            out[idx::MEM_TLB] = FieldValue::text(a.tlb.name());
+            out[idx::MEM_LOCK] = FieldValue::text(a.lock.name());
+            out[idx::MEM_BLOCKED] = FieldValue::text(a.blocked.name());
         }
         None => {
             for i in [idx::MEM_OP, idx::MEM_LEVEL, idx::MEM_HIT, idx::MEM_SNOOP, idx::MEM_TLB, idx::MEM_LOCK, idx::MEM_BLOCKED] {
-                out[i] = absent(FIELD_STR);
+                out[i] = FieldValue::absent(FIELD_STR);
             }
-            out[idx::MEM_REMOTE] = absent(FIELD_U64);
+            out[idx::MEM_REMOTE] = FieldValue::absent(FIELD_U64);
         }
     }
-    out[idx::APPLICABLE] = opt(FIELD_HEX, p.applicable_counters);
-    out[idx::TSX_TUNING] = opt(FIELD_HEX, p.mem.and_then(|m| m.tsx_tuning));
-    out[idx::RETIRE_LATENCY] = opt(
+    out[idx::APPLICABLE] = FieldValue::opt(FIELD_HEX, p.applicable_counters);
+    out[idx::TSX_TUNING] = FieldValue::opt(FIELD_HEX, p.mem.and_then(|m| m.tsx_tuning));
+    out[idx::RETIRE_LATENCY] = FieldValue::opt(
         FIELD_U64,
         (p.layout == Layout::Adaptive && fmt.has(PebsFormat::TIMING_INFO)).then_some(p.retire_latency.into()),
     );
@@ -275,17 +252,17 @@ pub fn decode_record(rec: &[u8], out: &mut [FieldValue]) -> i32 {
             r.set(g.to_legacy());
             FieldValue { kind: FIELD_HEX_LIST, flags: 0, value: 0, ptr: r.as_ptr().cast(), len: GPR_WORDS as u64 }
         }),
-        None => absent(FIELD_HEX_LIST),
+        None => FieldValue::absent(FIELD_HEX_LIST),
     };
     out[idx::XMM] = match p.xmm_bytes() {
-        Some(b) => list(b),
-        None => absent(FIELD_HEX_LIST),
+        Some(b) => FieldValue::hex_list(b),
+        None => FieldValue::absent(FIELD_HEX_LIST),
     };
-    out[idx::LBR] = if p.lbr_count() > 0 { list(p.lbr_bytes()) } else { absent(FIELD_HEX_LIST) };
-    out[idx::LBR_COUNT] = int(FIELD_U64, p.lbr_count() as u64);
-    out[idx::LAYOUT] = string(p.layout.name());
-    out[idx::PEBS_FORMAT] = int(FIELD_HEX, fmt.0.into());
-    out[idx::SOURCE] = string(if c.prefix.flags & FL_PERF_SOURCED != 0 {
+    out[idx::LBR] = if p.lbr_count() > 0 { FieldValue::hex_list(p.lbr_bytes()) } else { FieldValue::absent(FIELD_HEX_LIST) };
+    out[idx::LBR_COUNT] = FieldValue::int(FIELD_U64, p.lbr_count() as u64);
+    out[idx::LAYOUT] = FieldValue::text(p.layout.name());
+    out[idx::PEBS_FORMAT] = FieldValue::int(FIELD_HEX, fmt.0.into());
+    out[idx::SOURCE] = FieldValue::text(if c.prefix.flags & FL_PERF_SOURCED != 0 {
         "perf"
     } else if c.prefix.flags & FL_SIMULATED != 0 {
         "sim"
