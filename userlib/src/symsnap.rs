@@ -18,6 +18,13 @@ use crate::capture::{CaptureError, Writer};
 /// How often the mappings of active processes are looked at again.
 pub const REFRESH: Duration = Duration::from_secs(1);
 
+/// Whether kallsyms `text` shows every address as 0 (hidden by `kptr_restrict`): its
+/// first lines are enough to tell.
+pub(crate) fn kallsyms_hidden(text: &[u8]) -> bool {
+    let mut lines = text.split(|&b| b == b'\n').filter(|l| !l.is_empty()).take(64).peekable();
+    lines.peek().is_some() && lines.all(|l| l.iter().take_while(|&&b| b != b' ').all(|&b| b == b'0'))
+}
+
 /// The snapshots taken so far; see the module docs.
 #[derive(Debug)]
 pub struct SymbolSnapshots {
@@ -64,11 +71,7 @@ impl SymbolSnapshots {
             Ok(t) => t,
             Err(e) => return Ok(Some(format!("cannot read {path} ({e}): kernel frames will not be symbolized"))),
         };
-        let hidden = text
-            .split(|&b| b == b'\n')
-            .filter(|l| !l.is_empty())
-            .take(1000)
-            .all(|l| l.iter().take_while(|&&b| b != b' ').all(|&b| b == b'0'));
+        let hidden = kallsyms_hidden(&text);
         w.write_symbols(SYM_KALLSYMS, 0, &text)?;
         Ok(hidden.then(|| {
             format!("{path} shows no addresses (kernel.kptr_restrict; run as root): kernel frames will not be symbolized")

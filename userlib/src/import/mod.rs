@@ -247,16 +247,11 @@ fn comm_field(name: &[u8]) -> [u8; hrperf_fmt_llc_stack::record::COMM_LEN] {
 /// for each address, the text-symbol lines at the start of the symbol containing it and
 /// at the start of the next text symbol (which ends it). Other lines are left out.
 pub(crate) fn kallsyms_subset(text: &[u8], addrs: &[u64]) -> Vec<u8> {
-    let is_text = |kind: &[u8]| matches!(kind, b"t" | b"T" | b"w" | b"W");
+    let text = String::from_utf8_lossy(text);
     let mut starts: Vec<u64> = Vec::new();
-    let lines: Vec<(u64, &[u8])> = text
-        .split(|&b| b == b'\n')
-        .filter_map(|line| {
-            let mut it = line.split(|&b| b == b' ' || b == b'\t').filter(|f| !f.is_empty());
-            let addr = std::str::from_utf8(it.next()?).ok()?;
-            let addr = u64::from_str_radix(addr, 16).ok()?;
-            (addr != 0 && is_text(it.next()?)).then_some((addr, line))
-        })
+    let lines: Vec<(u64, &str)> = text
+        .lines()
+        .filter_map(|line| crate::stacks::symbols::kallsyms_text_line(line).map(|(addr, ..)| (addr, line)))
         .collect();
     starts.extend(lines.iter().map(|l| l.0));
     starts.sort_unstable();
@@ -275,7 +270,7 @@ pub(crate) fn kallsyms_subset(text: &[u8], addrs: &[u64]) -> Vec<u8> {
     let mut out = Vec::new();
     for (addr, line) in lines {
         if keep.contains(&addr) {
-            out.extend_from_slice(line);
+            out.extend_from_slice(line.as_bytes());
             out.push(b'\n');
         }
     }

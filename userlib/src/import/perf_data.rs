@@ -364,7 +364,7 @@ pub fn import_perf_data(
     if let Some(path) = &opts.kallsyms {
         match std::fs::read(path) {
             Ok(text) => {
-                if kallsyms_hidden(&text) {
+                if crate::symsnap::kallsyms_hidden(&text) {
                     summary.notes.push(format!(
                         "{} shows every address as 0 (kptr_restrict): kernel frames stay \
                          unresolved; import as root or lower /proc/sys/kernel/kptr_restrict",
@@ -475,17 +475,6 @@ fn map_line(p: &mut Process, start: u64, len: u64, perms: &str, offset: u64, pat
         "{start:x}-{:x} {perms} {offset:08x} 00:00 0 {path}",
         start.saturating_add(len)
     );
-}
-
-/// Whether a kallsyms text shows only zero addresses (hidden by `kptr_restrict`).
-fn kallsyms_hidden(text: &[u8]) -> bool {
-    let mut lines = text
-        .split(|&b| b == b'\n')
-        .filter(|l| !l.is_empty())
-        .take(64)
-        .peekable();
-    lines.peek().is_some()
-        && lines.all(|l| l.iter().take_while(|&&b| b != b' ').all(|&b| b == b'0'))
 }
 
 /// A name for a record kind that is not imported.

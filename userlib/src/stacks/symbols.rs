@@ -108,6 +108,18 @@ pub(crate) fn hex(s: &str) -> Option<u64> {
     u64::from_str_radix(s, 16).ok()
 }
 
+/// One `/proc/kallsyms` line if it is a text symbol perf keeps (types t/T/w/W, a
+/// non-zero address): `(address, name, module, type)`.
+pub(crate) fn kallsyms_text_line(line: &str) -> Option<(u64, &str, Option<&str>, &str)> {
+    let mut it = line.split_whitespace();
+    let (addr, kind, name) = (hex(it.next()?)?, it.next()?, it.next()?);
+    if addr == 0 || !matches!(kind, "t" | "T" | "w" | "W") {
+        return None;
+    }
+    let module = it.next().map(|m| m.trim_start_matches('[').trim_end_matches(']')).filter(|m| !m.is_empty());
+    Some((addr, name, module, kind))
+}
+
 /// The kernel's symbols from `/proc/kallsyms` text: text symbols only (types t/T/w/W,
 /// as perf keeps), each running to the next one's start (kallsyms has no sizes).
 #[derive(Clone, Debug, Default)]
@@ -123,22 +135,7 @@ impl Kallsyms {
     /// `kptr_restrict`) give an empty table.
     pub fn parse(text: &[u8]) -> Self {
         let text = String::from_utf8_lossy(text);
-        let mut raw: Vec<(u64, &str, Option<&str>, &str)> = Vec::new();
-        for line in text.lines() {
-            let mut it = line.split_whitespace();
-            let (Some(addr), Some(kind), Some(name)) = (it.next(), it.next(), it.next()) else {
-                continue;
-            };
-            let Some(addr) = hex(addr) else { continue };
-            if addr == 0 || !matches!(kind, "t" | "T" | "w" | "W") {
-                continue;
-            }
-            let module = it
-                .next()
-                .map(|m| m.trim_start_matches('[').trim_end_matches(']'))
-                .filter(|m| !m.is_empty());
-            raw.push((addr, name, module, kind));
-        }
+        let mut raw: Vec<(u64, &str, Option<&str>, &str)> = text.lines().filter_map(kallsyms_text_line).collect();
         // Aliases at one address: keep the one perf picks.
         let rank = |r: &(u64, &str, Option<&str>, &str)| {
             alias_rank(1, matches!(r.3, "w" | "W"), matches!(r.3, "T" | "W"), r.1)
