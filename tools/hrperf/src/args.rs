@@ -364,6 +364,14 @@ const RECORD_EXAMPLES: &str = "EXAMPLES:
   hrperf record --source sim --format aggregate -c 5000 --agg-key pid-ip --agg-interval-ms 10
   hrperf record --format aggregate -e cpu-clock -c 100000 --agg-slots 1024 -- ./app
   hrperf report --format aggregate --top 20 --by sum --time-series
+  # call stacks (kernel + user) per overflow; then the symbolized report:
+  hrperf record --format llc-stack -e cpu-clock -F 999 -- ./app
+  hrperf record --source kmod --format llc-stack -e cpu-clock -c 200000 --kernel-depth 32 -- ./app
+  hrperf record --source sim --format llc-stack --workload steady --duration 20ms
+  # stacks aggregated in the buffer, then folded:
+  hrperf record --format aggregate --agg-key stack -e cpu-clock -c 100000 -- ./app
+  # PEBS through perf's precise sampling (needs a PEBS-capable PMU):
+  hrperf record --source perf --format pebs -e cycles -c 10000 -- ./app
 
 The live line on stderr shows records written and drops; drops are never silent: they
 are counted per CPU in the capture and shown by `hrperf info` and `hrperf decode`.
