@@ -93,8 +93,33 @@ struct hrperf_module_info {
 	uint32_t nr_sessions;
 	uint32_t nr_cpus;
 	uint64_t total_drops;
-	uint64_t reserved[4];
+	uint32_t pebs_state;		/* HRPERF_PEBS_* */
+	uint32_t pebs_format;		/* the detected PebsFormat word */
+	uint32_t pebs_refusal;		/* HRPERF_PEBS_* of the last refused PEBS session */
+	uint32_t pebs_refusal_cpu;	/* the CPU it names, UINT32_MAX: none */
+	uint64_t pebs_refusal_value;	/* the MSR value behind it */
+	uint32_t tsc_khz;
+	uint32_t reserved;
 };
+
+/* hrperf_module_info.pebs_state / pebs_refusal (hrperf_abi::ioctl::pebs_state) */
+#define HRPERF_PEBS_UNKNOWN		0
+#define HRPERF_PEBS_HARDWARE		1
+#define HRPERF_PEBS_SIMULATED		2
+#define HRPERF_PEBS_NO_PMU		10
+#define HRPERF_PEBS_NOT_INTEL		11
+#define HRPERF_PEBS_NO_DEBUG_STORE	12
+#define HRPERF_PEBS_NO_DTES64		13
+#define HRPERF_PEBS_UNAVAILABLE		14
+#define HRPERF_PEBS_UNKNOWN_FORMAT	15
+#define HRPERF_PEBS_NO_ARCH_PERFMON	16
+#define HRPERF_PEBS_HYBRID		17
+#define HRPERF_PEBS_KPTI		18
+#define HRPERF_PEBS_MSR_UNREADABLE	19
+#define HRPERF_PEBS_IN_USE		20
+#define HRPERF_PEBS_NO_FREE_COUNTER	21
+#define HRPERF_PEBS_CONFLICT		22
+#define HRPERF_PEBS_BAD_EVENT		23
 
 struct hrperf_format_info {
 	char name[HRPERF_NAME_LEN];

@@ -99,6 +99,7 @@ pub const IOCTL_ABI_VERSION: u32 = 1;
 
 abi_struct! {
     /// Answer of [`HRPERF_IOC_INFO`].
+    #[derive(Default)]
     pub struct ModuleInfo {
         /// In: bytes the caller provides; out: bytes the kernel filled.
         pub size: u32,
@@ -118,11 +119,106 @@ abi_struct! {
         pub nr_cpus: u32,
         /// Samples dropped over all sessions since load.
         pub total_drops: u64,
+        /// What the module found about zero-copy PEBS ([`pebs_state`]; 0: a module
+        /// that does not report it).
+        pub pebs_state: u32,
+        /// The detected `PebsFormat` word (`hrperf_fmt_pebs::PebsFormat`; 0: none).
+        pub pebs_format: u32,
+        /// Why the last PEBS session was refused or disturbed ([`pebs_state`]; 0: none).
+        pub pebs_refusal: u32,
+        /// The CPU that refusal names (`u32::MAX`: none, or not one CPU).
+        pub pebs_refusal_cpu: u32,
+        /// The MSR value behind it (IA32_PEBS_ENABLE found set, the enabled counters, the
+        /// foreign event select), 0 if none.
+        pub pebs_refusal_value: u64,
+        /// TSC frequency in kHz (the kernel's `tsc_khz`; 0: unknown), to convert PEBS
+        /// records' TSC into time.
+        pub tsc_khz: u32,
         /// Reserved, zero.
-        pub reserved: [u64; 4],
+        pub reserved: u32,
     }
 }
 assert_layout!(ModuleInfo, size 72, align 8);
+
+/// [`ModuleInfo::pebs_state`] and [`ModuleInfo::pebs_refusal`]: zero-copy PEBS as
+/// hrperf-core found it. 1–2 usable; 10–19 never on this machine (`ENODEV`, or
+/// `EOPNOTSUPP` for [`KPTI`](pebs_state::KPTI)); 20–22 busy now (`EBUSY`); 23 a request
+/// the hardware path cannot do (`EINVAL`).
+pub mod pebs_state {
+    /// Not reported (an older module).
+    pub const UNKNOWN: u32 = 0;
+    /// Usable: the CPU's own PEBS, DS area in the mapped buffers.
+    pub const HARDWARE: u32 = 1;
+    /// Usable: the simulated PMU (`pebs_sim=` module parameter), the same kernel path
+    /// with a modelled MSR file and PEBS assist.
+    pub const SIMULATED: u32 = 2;
+    /// perf has no hardware PMU (virtual machines usually have none).
+    pub const NO_PMU: u32 = 10;
+    /// Not an Intel CPU (AMD has IBS, not PEBS).
+    pub const NOT_INTEL: u32 = 11;
+    /// CPUID reports no debug store (DS).
+    pub const NO_DEBUG_STORE: u32 = 12;
+    /// Only the 32-bit DS layout (no DTES64).
+    pub const NO_DTES64: u32 = 13;
+    /// IA32_MISC_ENABLE says PEBS is unavailable.
+    pub const PEBS_UNAVAILABLE: u32 = 14;
+    /// A PEBS record format hrperf does not know.
+    pub const UNKNOWN_FORMAT: u32 = 15;
+    /// No architectural performance monitoring (CPUID leaf 0xA).
+    pub const NO_ARCH_PERFMON: u32 = 16;
+    /// A hybrid CPU (P- and E-cores with different PMUs): not supported yet.
+    pub const HYBRID: u32 = 17;
+    /// Kernel page-table isolation is on: the CPU writes PEBS records through the user
+    /// page tables too, which map only perf's `cpu_entry_area` buffers.
+    pub const KPTI: u32 = 18;
+    /// A PMU MSR could not be read.
+    pub const MSR_UNREADABLE: u32 = 19;
+    /// perf has PEBS events on the CPU (IA32_PEBS_ENABLE is not zero).
+    pub const PEBS_IN_USE: u32 = 20;
+    /// Every PEBS-capable general-purpose counter of the CPU is in use.
+    pub const NO_FREE_COUNTER: u32 = 21;
+    /// perf took the counter, PEBS or DS area hrperf had programmed during the session
+    /// (PEBS stopped on that CPU, perf's DS area restored).
+    pub const CONFLICT: u32 = 22;
+    /// The event cannot be a hardware PEBS event: one raw (`rNNNN`) or generic hardware
+    /// event is needed.
+    pub const BAD_EVENT: u32 = 23;
+
+    /// What `state` means, in a few words.
+    pub const fn text(state: u32) -> &'static str {
+        match state {
+            UNKNOWN => "not reported by this module",
+            HARDWARE => "available: the CPU's PEBS, zero-copy",
+            SIMULATED => "available: simulated PMU (pebs_sim=), zero-copy",
+            NO_PMU => "no hardware PMU (virtual machines usually have none)",
+            NOT_INTEL => "not an Intel CPU (PEBS is Intel's)",
+            NO_DEBUG_STORE => "the CPU has no debug store (CPUID DS)",
+            NO_DTES64 => "the CPU has only the 32-bit debug store (no DTES64)",
+            PEBS_UNAVAILABLE => "IA32_MISC_ENABLE says PEBS is unavailable",
+            UNKNOWN_FORMAT => "a PEBS record format hrperf does not know",
+            NO_ARCH_PERFMON => "no architectural performance monitoring (CPUID leaf 0xA)",
+            HYBRID => "hybrid CPUs (P- and E-cores) are not supported yet",
+            KPTI => "kernel page-table isolation (KPTI) is on: the CPU would write PEBS records through user page tables that do not map hrperf's buffers (boot with pti=off, or use --source perf)",
+            MSR_UNREADABLE => "a PMU MSR could not be read",
+            PEBS_IN_USE => "perf is using PEBS on that CPU (IA32_PEBS_ENABLE is set)",
+            NO_FREE_COUNTER => "every PEBS-capable counter of that CPU is in use by perf",
+            CONFLICT => "perf took over the counter or DS area during the session; PEBS stopped on that CPU",
+            BAD_EVENT => "hardware PEBS needs exactly one raw (rNNNN) or generic hardware event",
+            _ => "unknown PEBS state",
+        }
+    }
+
+    /// The errno a session refused for `state` gets.
+    pub const fn errno(state: u32) -> i32 {
+        use crate::errno::{EBUSY, EINVAL, ENODEV, EOPNOTSUPP};
+        match state {
+            KPTI => EOPNOTSUPP,
+            PEBS_IN_USE | NO_FREE_COUNTER | CONFLICT => EBUSY,
+            BAD_EVENT => EINVAL,
+            _ => ENODEV,
+        }
+    }
+}
 
 abi_struct! {
     /// One registered format, as listed by [`HRPERF_IOC_FORMATS`].

@@ -327,83 +327,164 @@ fn counter_bit(p: &PebsProgram) -> Result<u64, DsError> {
     Ok(1 << bit)
 }
 
+/// The IA32_PEBS_ENABLE bits `p` owns: the counter's, its load-latency bit before PMU
+/// v5, the precise-store bit.
+pub fn enable_bits(p: &PebsProgram) -> u64 {
+    let mut enable = match p.counter {
+        Counter::Gp(i) => {
+            let ll = p.ld_lat_threshold != 0 && p.pmu_version_below_5;
+            pebs_enable::pmc(i) | if ll { pebs_enable::load_latency(i) } else { 0 }
+        }
+        Counter::Fixed(j) => pebs_enable::fixed(j),
+    };
+    if p.precise_store {
+        enable |= pebs_enable::PRECISE_STORE;
+    }
+    enable
+}
+
+/// The counter's control value when counting: PERFEVTSELx with EN, without INT (the PMI
+/// comes from the DS threshold), ADAPTIVE from fmt4; for a fixed counter its
+/// IA32_FIXED_CTR_CTRL field (and adaptive bit), PMI cleared.
+fn control(p: &PebsProgram) -> u64 {
+    match p.counter {
+        Counter::Gp(_) => {
+            let sel = (p.event & !evtsel::INT & !evtsel::ADAPTIVE) | evtsel::EN;
+            if p.pebs_format >= 4 {
+                sel | evtsel::ADAPTIVE
+            } else {
+                sel
+            }
+        }
+        Counter::Fixed(j) => fixed_ctrl::bits(j, p.event & !fixed_ctrl::PMI) | fixed_ctrl::adaptive(j),
+    }
+}
+
+/// Turns the counter on (`on`) or off through its own control bits only, so perf's
+/// counters on the same CPU, and IA32_PERF_GLOBAL_CTRL which perf rewrites on every PMU
+/// enable, are not touched: PERFEVTSELx.EN for a GP counter, the counter's field of
+/// IA32_FIXED_CTR_CTRL for a fixed one.
+fn set_counting<M: PebsMsrs + ?Sized>(m: &mut M, p: &PebsProgram, on: bool) {
+    match p.counter {
+        Counter::Gp(i) => {
+            let sel = control(p);
+            m.wrmsr(msr::IA32_PERFEVTSEL0 + i, if on { sel } else { sel & !evtsel::EN });
+        }
+        Counter::Fixed(j) => {
+            let old = m.rdmsr(msr::IA32_FIXED_CTR_CTRL);
+            let clear = fixed_ctrl::bits(j, 0xf) | fixed_ctrl::adaptive(j);
+            let new = if on { (old & !clear) | control(p) } else { old & !clear };
+            m.wrmsr(msr::IA32_FIXED_CTR_CTRL, new);
+        }
+    }
+}
+
+/// What [`program`] changed that [`stop`] gives back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Saved {
+    /// IA32_DS_AREA before: perf's per-CPU `debug_store` (perf writes it once, when it
+    /// reserves the PMU, and never again), or 0.
+    pub ds_area: u64,
+    /// The counter's IA32_PERF_GLOBAL_CTRL bit was set before (perf enables every
+    /// counter there and gates each by its own control bits).
+    pub global_enabled: bool,
+}
+
 /// Programs PEBS on one counter, in the order the SDM and `intel_pmu_pebs_enable`
-/// imply: counters off → DS area → data config / load-latency threshold → counter
-/// value → event select (EN, no INT, ADAPTIVE on fmt4+) → IA32_PEBS_ENABLE → clear
-/// stale status → counters on. The DS area itself (base, index, maximum, threshold,
-/// reset values) must already be filled (the format's `init` does it).
-pub fn program<M: PebsMsrs + ?Sized>(m: &mut M, p: &PebsProgram) -> Result<(), DsError> {
+/// imply, touching only what this counter owns so it can run beside perf's counters on
+/// the same CPU: the counter off in IA32_PERF_GLOBAL_CTRL → DS area (the old pointer is
+/// returned) → data config / load-latency threshold → counter value → event select
+/// (EN, no INT, ADAPTIVE on fmt4+) → its IA32_PEBS_ENABLE bits → its stale status bits
+/// acknowledged → the counter on in IA32_PERF_GLOBAL_CTRL. The DS area itself (base,
+/// index, maximum, threshold, reset values) must already be filled (the format's `init`
+/// does it). Call [`claim`](super::coexist::claim) first: MSR_PEBS_DATA_CFG and
+/// MSR_PEBS_LD_LAT_THRESHOLD are per CPU, not per counter.
+pub fn program<M: PebsMsrs + ?Sized>(m: &mut M, p: &PebsProgram) -> Result<Saved, DsError> {
     let bit = counter_bit(p)?;
-    let adaptive = p.pebs_format >= 4;
-    m.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 0);
-    m.wrmsr(msr::IA32_PEBS_ENABLE, 0);
+    let ctrl = m.rdmsr(msr::IA32_PERF_GLOBAL_CTRL);
+    m.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, ctrl & !bit);
+    let saved = Saved { ds_area: m.rdmsr(msr::IA32_DS_AREA), global_enabled: ctrl & bit != 0 };
     m.wrmsr(msr::IA32_DS_AREA, p.ds_area);
-    if adaptive {
+    if p.pebs_format >= 4 {
         m.wrmsr(msr::MSR_PEBS_DATA_CFG, p.data_cfg);
     }
     if p.ld_lat_threshold != 0 {
         m.wrmsr(msr::MSR_PEBS_LD_LAT_THRESHOLD, u64::from(p.ld_lat_threshold));
     }
-    let mut enable = 0;
     match p.counter {
         Counter::Gp(i) => {
             let ctr = if p.full_width { msr::IA32_A_PMC0 } else { msr::IA32_PMC0 };
             m.wrmsr(ctr + i, p.start_value);
-            let mut sel = (p.event & !evtsel::INT & !evtsel::ADAPTIVE) | evtsel::EN;
-            if adaptive {
-                sel |= evtsel::ADAPTIVE;
-            }
-            m.wrmsr(msr::IA32_PERFEVTSEL0 + i, sel);
-            enable |= pebs_enable::pmc(i);
-            if p.ld_lat_threshold != 0 && p.pmu_version_below_5 {
-                enable |= pebs_enable::load_latency(i);
-            }
         }
-        Counter::Fixed(j) => {
-            m.wrmsr(msr::IA32_FIXED_CTR0 + j, p.start_value);
-            let old = m.rdmsr(msr::IA32_FIXED_CTR_CTRL);
-            let clear = fixed_ctrl::bits(j, 0xf) | fixed_ctrl::adaptive(j);
-            let field = fixed_ctrl::bits(j, p.event & !fixed_ctrl::PMI) | fixed_ctrl::adaptive(j);
-            m.wrmsr(msr::IA32_FIXED_CTR_CTRL, (old & !clear) | field);
-            enable |= pebs_enable::fixed(j);
-        }
+        Counter::Fixed(j) => m.wrmsr(msr::IA32_FIXED_CTR0 + j, p.start_value),
     }
-    if p.precise_store {
-        enable |= pebs_enable::PRECISE_STORE;
-    }
-    m.wrmsr(msr::IA32_PEBS_ENABLE, enable);
-    m.wrmsr(msr::IA32_PERF_GLOBAL_OVF_CTRL, bit | status::BUFFER_OVF | status::COND_CHG);
-    m.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, bit);
-    Ok(())
+    set_counting(m, p, true);
+    let pebs = m.rdmsr(msr::IA32_PEBS_ENABLE);
+    m.wrmsr(msr::IA32_PEBS_ENABLE, pebs | enable_bits(p));
+    m.wrmsr(msr::IA32_PERF_GLOBAL_OVF_CTRL, bit | status::BUFFER_OVF);
+    let ctrl = m.rdmsr(msr::IA32_PERF_GLOBAL_CTRL);
+    m.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, ctrl | bit);
+    Ok(saved)
 }
 
-/// After the threshold PMI and the format's `restart` (which reset `pebs_index`):
-/// counters off, acknowledge the buffer-overflow and counter status bits, counters back
-/// on. Returns the status that was acknowledged.
-pub fn restart<M: PebsMsrs + ?Sized>(m: &mut M, p: &PebsProgram) -> Result<u64, DsError> {
+/// In the threshold PMI: reads IA32_PERF_GLOBAL_STATUS and acknowledges this counter's
+/// bits in it (BUFFER_OVF and the counter's overflow bit) and no other, so perf's PMI
+/// handler, which runs after hrperf's, still sees its own. Returns the bits
+/// acknowledged (0: the PMI was not this counter's).
+pub fn ack_pmi<M: PebsMsrs + ?Sized>(m: &mut M, p: &PebsProgram) -> Result<u64, DsError> {
     let bit = counter_bit(p)?;
-    m.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 0);
-    let st = m.rdmsr(msr::IA32_PERF_GLOBAL_STATUS);
-    m.wrmsr(msr::IA32_PERF_GLOBAL_OVF_CTRL, st);
-    m.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, bit);
+    let st = m.rdmsr(msr::IA32_PERF_GLOBAL_STATUS) & (bit | status::BUFFER_OVF);
+    if st != 0 {
+        m.wrmsr(msr::IA32_PERF_GLOBAL_OVF_CTRL, st);
+    }
     Ok(st)
 }
 
-/// Stops PEBS: counters off, IA32_PEBS_ENABLE and the event select cleared, the DS
-/// area pointer removed (so the CPU never writes into a freed buffer).
-pub fn stop<M: PebsMsrs + ?Sized>(m: &mut M, p: &PebsProgram) -> Result<(), DsError> {
+/// Masks the counter after the threshold PMI (the format returned `CTRL_MASK`): it
+/// stops counting, so no record is written until [`restart`].
+pub fn mask<M: PebsMsrs + ?Sized>(m: &mut M, p: &PebsProgram) -> Result<(), DsError> {
     counter_bit(p)?;
-    m.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 0);
-    m.wrmsr(msr::IA32_PEBS_ENABLE, 0);
+    set_counting(m, p, false);
+    Ok(())
+}
+
+/// After the format's `restart` (which reset `pebs_index`): acknowledges any status
+/// bit of this counter left over and turns the counter back on. Returns the status
+/// bits acknowledged.
+pub fn restart<M: PebsMsrs + ?Sized>(m: &mut M, p: &PebsProgram) -> Result<u64, DsError> {
+    let st = ack_pmi(m, p)?;
+    set_counting(m, p, true);
+    Ok(st)
+}
+
+/// Stops PEBS on the counter and gives back what [`program`] took: counter off and its
+/// event select (or fixed field) cleared, its IA32_PEBS_ENABLE bits cleared, its status
+/// bits acknowledged, IA32_DS_AREA restored (perf's pointer, so the CPU never writes
+/// into a freed buffer and perf's own PEBS works again), its global-control bit as it
+/// was.
+pub fn stop<M: PebsMsrs + ?Sized>(m: &mut M, p: &PebsProgram, saved: &Saved) -> Result<(), DsError> {
+    let bit = counter_bit(p)?;
+    let ctrl = m.rdmsr(msr::IA32_PERF_GLOBAL_CTRL);
+    m.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, ctrl & !bit);
     match p.counter {
         Counter::Gp(i) => m.wrmsr(msr::IA32_PERFEVTSEL0 + i, 0),
-        Counter::Fixed(j) => {
-            let old = m.rdmsr(msr::IA32_FIXED_CTR_CTRL);
-            m.wrmsr(msr::IA32_FIXED_CTR_CTRL, old & !(fixed_ctrl::bits(j, 0xf) | fixed_ctrl::adaptive(j)));
-        }
+        Counter::Fixed(_) => set_counting(m, p, false),
     }
-    m.wrmsr(msr::IA32_DS_AREA, 0);
+    let pebs = m.rdmsr(msr::IA32_PEBS_ENABLE);
+    m.wrmsr(msr::IA32_PEBS_ENABLE, pebs & !enable_bits(p));
+    ack_pmi(m, p)?;
+    m.wrmsr(msr::IA32_DS_AREA, saved.ds_area);
+    if saved.global_enabled {
+        let ctrl = m.rdmsr(msr::IA32_PERF_GLOBAL_CTRL);
+        m.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, ctrl | bit);
+    }
     Ok(())
+}
+
+/// The control value the counter has while counting ([`control`]), for the ownership
+/// checks of [`coexist`](super::coexist).
+pub fn counting_control(p: &PebsProgram) -> u64 {
+    control(p)
 }
 
 /// Number of MSRs [`SimMsrs`] can hold.
@@ -535,35 +616,62 @@ mod tests {
         assert_eq!(threshold(0, 32, 4, ThresholdPolicy::Large { reserve: 0 }), 128);
     }
 
+    /// perf's state on the CPU before hrperf takes a counter: its debug_store in
+    /// IA32_DS_AREA, every counter enabled in IA32_PERF_GLOBAL_CTRL (`intel_ctrl`), a
+    /// cycles event on GP0 and the NMI watchdog on fixed counter 1.
+    fn perf_owned() -> SimMsrs {
+        let mut m = SimMsrs::new();
+        m.set(msr::IA32_DS_AREA, 0xfffffe00_00001000);
+        m.set(msr::IA32_PERF_GLOBAL_CTRL, 0x7_0000_000f);
+        m.set(msr::IA32_PERFEVTSEL0, 0x53_003c);
+        m.set(msr::IA32_FIXED_CTR_CTRL, 0xb0);
+        m
+    }
+
     #[test]
     fn programming_sequence_adaptive_gp() {
-        let mut m = Log::default();
+        let mut m = Log(Vec::new(), perf_owned());
         let p = prog(Counter::Gp(1), 4);
-        program(&mut m, &p).unwrap();
+        let saved = program(&mut m, &p).unwrap();
+        assert_eq!(saved, Saved { ds_area: 0xfffffe00_00001000, global_enabled: true });
         let w: Vec<(u32, u64)> = m.0.iter().filter(|e| e.0 == 'w').map(|e| (e.1, e.2)).collect();
         assert_eq!(
             w,
             [
-                (msr::IA32_PERF_GLOBAL_CTRL, 0),
-                (msr::IA32_PEBS_ENABLE, 0),
+                (msr::IA32_PERF_GLOBAL_CTRL, 0x7_0000_000d),
                 (msr::IA32_DS_AREA, p.ds_area),
                 (msr::MSR_PEBS_DATA_CFG, 0x1f00_000b),
                 (msr::MSR_PEBS_LD_LAT_THRESHOLD, 30),
                 (msr::IA32_A_PMC0 + 1, (1 << 48) - 10_000),
                 (msr::IA32_PERFEVTSEL0 + 1, 0x01cd | evtsel::USR | evtsel::OS | evtsel::EN | evtsel::ADAPTIVE),
                 (msr::IA32_PEBS_ENABLE, 0b10),
-                (msr::IA32_PERF_GLOBAL_OVF_CTRL, 0b10 | status::BUFFER_OVF | status::COND_CHG),
-                (msr::IA32_PERF_GLOBAL_CTRL, 0b10),
+                (msr::IA32_PERF_GLOBAL_OVF_CTRL, 0b10 | status::BUFFER_OVF),
+                (msr::IA32_PERF_GLOBAL_CTRL, 0x7_0000_000f),
             ]
         );
-        // The simulated PMU raises BUFFER_OVF; restart acknowledges it and re-enables.
-        m.1.set(msr::IA32_PERF_GLOBAL_STATUS, status::BUFFER_OVF | 0b10);
-        assert_eq!(restart(&mut m, &p).unwrap(), status::BUFFER_OVF | 0b10);
-        assert_eq!(m.1.get(msr::IA32_PERF_GLOBAL_STATUS), 0);
-        assert_eq!(m.1.get(msr::IA32_PERF_GLOBAL_CTRL), 0b10);
-        stop(&mut m, &p).unwrap();
-        assert_eq!(m.1.get(msr::IA32_DS_AREA), 0);
+        // perf's counters were never touched.
+        assert_eq!(m.1.get(msr::IA32_PERFEVTSEL0), 0x53_003c);
+        assert_eq!(m.1.get(msr::IA32_FIXED_CTR_CTRL), 0xb0);
+        // The threshold PMI: only this counter's bits are acknowledged; perf's GP0
+        // overflow stays for perf's handler.
+        m.1.set(msr::IA32_PERF_GLOBAL_STATUS, status::BUFFER_OVF | 0b11);
+        assert_eq!(ack_pmi(&mut m, &p).unwrap(), status::BUFFER_OVF | 0b10);
+        assert_eq!(m.1.get(msr::IA32_PERF_GLOBAL_STATUS), 0b01);
+        mask(&mut m, &p).unwrap();
+        assert_eq!(m.1.get(msr::IA32_PERFEVTSEL0 + 1) & evtsel::EN, 0);
+        // perf's enable_all rewrites IA32_PERF_GLOBAL_CTRL: a masked counter stays off.
+        m.1.set(msr::IA32_PERF_GLOBAL_CTRL, 0x7_0000_000f);
+        assert_eq!(m.1.get(msr::IA32_PERFEVTSEL0 + 1) & evtsel::EN, 0);
+        assert_eq!(restart(&mut m, &p).unwrap(), 0, "nothing left to acknowledge");
+        assert_ne!(m.1.get(msr::IA32_PERFEVTSEL0 + 1) & evtsel::EN, 0);
+        m.1.set(msr::IA32_PERF_GLOBAL_STATUS, status::BUFFER_OVF | 0b01);
+        stop(&mut m, &p, &saved).unwrap();
+        assert_eq!(m.1.get(msr::IA32_DS_AREA), 0xfffffe00_00001000, "perf's DS area is back");
         assert_eq!(m.1.get(msr::IA32_PEBS_ENABLE), 0);
+        assert_eq!(m.1.get(msr::IA32_PERFEVTSEL0 + 1), 0);
+        assert_eq!(m.1.get(msr::IA32_PERF_GLOBAL_CTRL), 0x7_0000_000f);
+        assert_eq!(m.1.get(msr::IA32_PERF_GLOBAL_STATUS), 0b01, "perf's status bit kept");
+        assert_eq!(m.1.get(msr::IA32_PERFEVTSEL0), 0x53_003c);
     }
 
     #[test]
@@ -571,21 +679,29 @@ mod tests {
         let mut m = SimMsrs::new();
         let mut p = prog(Counter::Gp(3), 1);
         p.full_width = false;
-        program(&mut m, &p).unwrap();
+        let saved = program(&mut m, &p).unwrap();
+        assert_eq!(saved, Saved::default());
         assert_eq!(m.get(msr::IA32_PEBS_ENABLE), 1 << 3 | 1 << 35);
+        assert_eq!(enable_bits(&p), 1 << 3 | 1 << 35);
         assert_eq!(m.get(msr::MSR_PEBS_DATA_CFG), 0, "no data cfg before fmt4");
         assert_eq!(m.get(msr::IA32_PMC0 + 3), (1 << 48) - 10_000);
         assert_eq!(m.get(msr::IA32_PERFEVTSEL0 + 3) & evtsel::INT, 0);
+        stop(&mut m, &p, &saved).unwrap();
+        assert_eq!(m.get(msr::IA32_PERF_GLOBAL_CTRL), 0, "was not enabled before");
         assert_eq!(program(&mut m, &prog(Counter::Fixed(0), 3)), Err(DsError::BadCounter));
         let mut m = SimMsrs::new();
         m.set(msr::IA32_FIXED_CTR_CTRL, 0xf0);
         let mut p = prog(Counter::Fixed(0), 4);
         p.event = fixed_ctrl::OS | fixed_ctrl::USR | fixed_ctrl::PMI;
-        program(&mut m, &p).unwrap();
+        let saved = program(&mut m, &p).unwrap();
         assert_eq!(m.get(msr::IA32_FIXED_CTR_CTRL), 0xf0 | 0x3 | 1 << 32);
         assert_eq!(m.get(msr::IA32_PEBS_ENABLE), 1 << 32);
         assert_eq!(m.get(msr::IA32_PERF_GLOBAL_CTRL), 1 << 32);
-        stop(&mut m, &p).unwrap();
+        mask(&mut m, &p).unwrap();
+        assert_eq!(m.get(msr::IA32_FIXED_CTR_CTRL), 0xf0);
+        restart(&mut m, &p).unwrap();
+        assert_eq!(m.get(msr::IA32_FIXED_CTR_CTRL), 0xf0 | 0x3 | 1 << 32);
+        stop(&mut m, &p, &saved).unwrap();
         assert_eq!(m.get(msr::IA32_FIXED_CTR_CTRL), 0xf0);
     }
 }

@@ -14,6 +14,8 @@
 //! - [`format`]: [`PEBS_OPS`] (name `"pebs"`, [`PEBS_UUID`], `FMT_FL_PEBS`), its buffer
 //!   layout and argument [`PebsArg`].
 //! - [`assist`]: a simulated PEBS assist and the zero-copy reader / capture wrapper.
+//! - [`coexist`]: taking a CPU's PMU for PEBS beside perf in the kernel (verdict, claim,
+//!   ownership checks).
 //! - [`record`]: the capture record that carries one hardware record.
 //!
 //! `#![no_std]`, no allocation, no floats; modules name each other through `super::`
@@ -26,6 +28,7 @@
 use hrperf_abi::bytes;
 
 pub mod assist;
+pub mod coexist;
 pub mod datasrc;
 pub mod ds;
 pub mod format;

@@ -343,15 +343,7 @@ impl Device {
     pub fn info(&self) -> Result<ModuleInfo, KmodError> {
         let mut info = ModuleInfo {
             size: core::mem::size_of::<ModuleInfo>() as u32,
-            abi_version: 0,
-            module_version: 0,
-            default_mode: 0,
-            poll_us: 0,
-            nr_formats: 0,
-            nr_sessions: 0,
-            nr_cpus: 0,
-            total_drops: 0,
-            reserved: [0; 4],
+            ..Default::default()
         };
         self.sys
             .ioctl(self.fd, Ioctl::Info(&mut info))

@@ -487,15 +487,7 @@ pub fn attach(
     let check = |fd: i32| -> Result<(), KmodError> {
         let mut info = hrperf_abi::ioctl::ModuleInfo {
             size: size_of::<hrperf_abi::ioctl::ModuleInfo>() as u32,
-            abi_version: 0,
-            module_version: 0,
-            default_mode: 0,
-            poll_us: 0,
-            nr_formats: 0,
-            nr_sessions: 0,
-            nr_cpus: 0,
-            total_drops: 0,
-            reserved: [0; 4],
+            ..Default::default()
         };
         sys.ioctl(fd, Ioctl::Info(&mut info))
             .map_err(|e| ioctl_error("HRPERF_IOC_INFO", e))

@@ -237,8 +237,7 @@ impl FakeKmod {
                     nr_formats: 0,
                     nr_sessions: 0,
                     nr_cpus: cpus,
-                    total_drops: 0,
-                    reserved: [0; 4],
+                    ..ModuleInfo::default()
                 },
                 registry,
                 online: (0..cpus).collect(),
