@@ -229,7 +229,7 @@ impl FileCtx {
     fn info(&self, arg: usize) -> Result {
         let a: ModuleInfo = read_sized(arg)?;
         let g = globals()?;
-        let info = ModuleInfo {
+        let mut info = ModuleInfo {
             size: size_of::<ModuleInfo>() as u32,
             abi_version: IOCTL_ABI_VERSION,
             module_version: MODULE_VERSION,
@@ -239,8 +239,9 @@ impl FileCtx {
             nr_sessions: g.sessions.load(core::sync::atomic::Ordering::Relaxed),
             nr_cpus: shim::num_online_cpus(),
             total_drops: g.total_drops.load(core::sync::atomic::Ordering::Relaxed),
-            reserved: [0; 4],
+            ..ModuleInfo::default()
         };
+        g.pebs.fill_info(&mut info);
         write_sized(arg, &info, a.size)
     }
 

@@ -11,12 +11,15 @@
 //! - [`file`]: one open file = one session: ioctls, `mmap`, `poll`;
 //! - [`session`]: per-CPU buffers, perf counters and engine state; overflow, poll and
 //!   instructed sampling.
+//! - [`pebs_pmu`]: zero-copy PEBS, the PMU side (detection, taking a counter beside
+//!   perf, DS area and MSR programming, the NMI), on the CPU or a simulated PMU.
 //!
 //! From userspace (see `include/hrperf.h` and `core-kmod/abi/src/ioctl.rs`):
 //!
 //! ```text
 //! insmod hrperf-core.ko [mode=overflow|poll|instructed] [poll_us=1000]
-//!        [dev_mode=0600] [dev_gid=0]
+//!        [dev_mode=0600] [dev_gid=0] [pebs_sim=fmt0|fmt1|fmt2|fmt3|adaptive]
+//!        [pebs_sim_busy=<cpu mask>]
 //! insmod fmt-delta.ko                       # calls hrperf_register_format()
 //! fd = open("/dev/hrperf", O_RDWR); ioctl(fd, HRPERF_IOC_CREATE, &create); ...
 //! ```
@@ -38,9 +41,9 @@ extern crate self as hrperf_abi;
 #[path = "../engine/src/lib.rs"]
 #[expect(unused_attributes, reason = "the crate-level #![no_std] of a file used as a module")]
 pub mod engine;
-/// The aggregate format's `hrperf_engine::{Buffer, callback}` name the engine's,
-/// re-exported here.
-pub use engine::{callback, Buffer};
+/// The aggregate and PEBS formats' `hrperf_engine::{Buffer, callback, pmu, ring}` name
+/// the engine's, re-exported here.
+pub use engine::{callback, pmu, ring, Buffer};
 /// `hrperf_engine::` paths (the aggregate format) name this crate.
 extern crate self as hrperf_engine;
 
@@ -52,7 +55,16 @@ extern crate self as hrperf_engine;
 #[expect(unused_attributes, reason = "the crate-level #![no_std] of a file used as a module")]
 pub mod aggregate;
 
+/// The PEBS format's crate, for the PMU side of zero-copy PEBS ([`pebs_pmu`]): the DS
+/// area and MSR sequences (`ds`), sharing the PMU with perf (`coexist`), the buffer
+/// layout (`format`) and the simulated assist (`assist`). The format itself is
+/// registered by fmt-pebs.ko, not by this module.
+#[path = "../../formats/pebs/src/lib.rs"]
+#[expect(unused_attributes, reason = "the crate-level #![no_std] of a file used as a module")]
+pub mod pebs;
+
 mod file;
+mod pebs_pmu;
 mod session;
 mod shim;
 
@@ -82,6 +94,8 @@ struct Globals {
     total_drops: AtomicU64,
     default_mode: u32,
     poll_us: u32,
+    /// Zero-copy PEBS: which PMU, or why none.
+    pebs: pebs_pmu::Support,
 }
 
 /// Set while the module is live (between init and exit); see [`globals`].
@@ -174,6 +188,7 @@ impl kernel::Module for HrperfCore {
             pr_err!("poll_us= must be 10..=10000000\n");
             return Err(EINVAL);
         }
+        let pebs = pebs_pmu::Support::detect()?;
         let globals = KBox::pin_init(
             pin_init!(Globals {
                 registry <- new_mutex!(Registry::new(), "hrperf_registry"),
@@ -181,6 +196,7 @@ impl kernel::Module for HrperfCore {
                 total_drops: AtomicU64::new(0),
                 default_mode,
                 poll_us,
+                pebs,
             }),
             GFP_KERNEL,
         )?;

@@ -16,6 +16,10 @@
  *     format registration functions (implemented in Rust)
  *   - stack services for FMT_FL_STACKS formats: the kernel unwinder (x86-64), the user
  *     registers (task_pt_regs, user_mode are arch macros/inlines), current->comm
+ *   - zero-copy PEBS (FMT_FL_PEBS formats): CPU facts (boot_cpu_data, cpufeature
+ *     macros, CPUID), rdmsrl_safe/wrmsrl_safe, perf's generic-event encodings, and the
+ *     PMI: an NMI_LOCAL handler registered first, so it acknowledges its own status bits
+ *     before perf's handler runs
  */
 
 #include <linux/cdev.h>
@@ -36,6 +40,11 @@
 #include <linux/smp.h>
 #include <linux/vmalloc.h>
 #include <linux/wait.h>
+#include <asm/cpufeature.h>
+#include <asm/msr.h>
+#include <asm/nmi.h>
+#include <asm/processor.h>
+#include <asm/tsc.h>
 #include <asm/unwind.h>
 
 #include "hrperf_shim.h"
@@ -58,7 +67,17 @@ static uint poll_us = 1000;
 module_param(poll_us, uint, 0444);
 MODULE_PARM_DESC(poll_us, "default poll interval in microseconds (poll mode)");
 
+static char *pebs_sim = "";
+module_param(pebs_sim, charp, 0444);
+MODULE_PARM_DESC(pebs_sim, "simulated PEBS PMU instead of the CPU's: fmt0|fmt1|fmt2|fmt3|adaptive (default: off)");
+
+static ulong pebs_sim_busy;
+module_param(pebs_sim_busy, ulong, 0444);
+MODULE_PARM_DESC(pebs_sim_busy, "simulated PMU: CPUs (bit mask) where perf has PEBS events");
+
 const char *hrperf_shim_param_mode(void) { return mode ? mode : ""; }
+const char *hrperf_shim_param_pebs_sim(void) { return pebs_sim ? pebs_sim : ""; }
+u64 hrperf_shim_param_pebs_sim_busy(void) { return pebs_sim_busy; }
 u32 hrperf_shim_param_poll_us(void) { return poll_us; }
 
 EXPORT_SYMBOL_GPL(hrperf_register_format);
@@ -444,4 +463,78 @@ u32 hrperf_shim_comm(char *out, u32 len)
 		return 0;
 	n = strscpy_pad(out, current->comm, len);
 	return n < 0 ? len - 1 : n;
+}
+
+/* ---- zero-copy PEBS (FMT_FL_PEBS formats) -------------------------------------------------- */
+
+/* What PEBS detection needs; the decisions are Rust's (hrperf_fmt_pebs::coexist). */
+void hrperf_shim_cpu_facts(struct hrperf_cpu_facts *f)
+{
+	struct cpuinfo_x86 *c = &boot_cpu_data;
+	unsigned int eax = 0, ebx, ecx, edx;
+
+	memset(f, 0, sizeof(*f));
+	f->intel = c->x86_vendor == X86_VENDOR_INTEL;
+	f->family = c->x86;
+	f->model = c->x86_model;
+	f->ds = boot_cpu_has(X86_FEATURE_DS);
+	f->dtes64 = boot_cpu_has(X86_FEATURE_DTES64);
+	f->pdcm = boot_cpu_has(X86_FEATURE_PDCM);
+	f->hybrid = boot_cpu_has(X86_FEATURE_HYBRID_CPU);
+	f->pti = boot_cpu_has(X86_FEATURE_PTI);
+	if (f->intel && f->ds) {
+		f->misc_enable_ok = !rdmsrl_safe(MSR_IA32_MISC_ENABLE, &f->misc_enable);
+		if (f->pdcm)
+			f->perf_caps_ok = !rdmsrl_safe(MSR_IA32_PERF_CAPABILITIES, &f->perf_caps);
+	}
+	if (boot_cpu_has(X86_FEATURE_ARCH_PERFMON) && c->cpuid_level >= 0xa)
+		cpuid(0xa, &eax, &ebx, &ecx, &edx);
+	f->cpuid_0a_eax = eax;
+	f->tsc_khz = tsc_khz;
+}
+
+/* MSR access on this CPU that a missing MSR cannot oops: 0 or -EIO. */
+int hrperf_shim_rdmsr(u32 msr, u64 *val) { return rdmsrl_safe(msr, val); }
+int hrperf_shim_wrmsr(u32 msr, u64 val) { return wrmsrl_safe(msr, val); }
+
+/* perf's raw encoding of generic hardware event `id` (PERF_COUNT_HW_*), 0 if none. */
+u64 hrperf_shim_hw_event_config(u32 id) { return perf_get_hw_event_config(id); }
+
+/*
+ * The threshold PMI arrives as an NMI (perf programs LVTPC to deliver NMIs, and unmasks
+ * it in its own handler, which runs after this one). NMI_FLAG_FIRST: acknowledge our
+ * status bits before perf's handler reads and acknowledges everything it sees.
+ */
+static int hrperf_pebs_nmi(unsigned int cmd, struct pt_regs *regs)
+{
+	struct hrperf_ovf o = {
+		.ip = instruction_pointer(regs),
+		.time_ns = local_clock(),
+		.pid = current->tgid,
+		.tid = current->pid,
+		.kernel = !user_mode(regs),
+		.regs = regs,
+	};
+
+	return hrperf_rs_pebs_pmi(&o) ? NMI_HANDLED : NMI_DONE;
+}
+
+int hrperf_shim_pebs_nmi_register(void)
+{
+	return register_nmi_handler(NMI_LOCAL, hrperf_pebs_nmi, NMI_FLAG_FIRST, "hrperf_pebs");
+}
+
+/* Returns once no CPU runs the handler any more (synchronize_rcu inside). */
+void hrperf_shim_pebs_nmi_unregister(void) { unregister_nmi_handler(NMI_LOCAL, "hrperf_pebs"); }
+
+/* flags, ip, ax, cx, dx, bx, sp, bp, si, di, r8..r15: the PEBS GPR group's order. */
+void hrperf_shim_gprs(struct pt_regs *regs, u64 *out)
+{
+	const u64 w[18] = {
+		regs->flags, regs->ip, regs->ax, regs->cx, regs->dx, regs->bx, regs->sp,
+		regs->bp, regs->si, regs->di, regs->r8, regs->r9, regs->r10, regs->r11,
+		regs->r12, regs->r13, regs->r14, regs->r15,
+	};
+
+	memcpy(out, w, sizeof(w));
 }

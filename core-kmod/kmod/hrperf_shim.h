@@ -37,6 +37,24 @@ struct hrperf_counter_attr {
 	u64 sample_period;
 };
 
+/* What hrperf-core reads about the CPU for PEBS (struct CpuFacts in shim.rs). */
+struct hrperf_cpu_facts {
+	u32 intel;
+	u32 family;
+	u32 model;
+	u32 ds;
+	u32 dtes64;
+	u32 pdcm;
+	u32 hybrid;
+	u32 pti;
+	u32 misc_enable_ok;
+	u32 perf_caps_ok;
+	u64 misc_enable;
+	u64 perf_caps;
+	u32 cpuid_0a_eax;	/* version [7:0], GP counters [15:8], width [23:16] */
+	u32 tsc_khz;
+};
+
 /* Implemented in Rust (shim.rs). */
 int hrperf_rs_open(struct hrperf_file *hf, void **rs);
 void hrperf_rs_release(void *rs);
@@ -45,6 +63,7 @@ int hrperf_rs_mmap(void *rs, struct vm_area_struct *vma, unsigned long start,
 		   unsigned long len, unsigned long pgoff);
 int hrperf_rs_poll(void *rs);
 void hrperf_rs_overflow(void *ctx, const struct hrperf_ovf *o);
+int hrperf_rs_pebs_pmi(const struct hrperf_ovf *o);
 int hrperf_register_format(const struct hrperf_format_ops *ops);
 int hrperf_unregister_format(const struct hrperf_format_ops *ops);
 
@@ -81,5 +100,14 @@ void hrperf_shim_module_put(struct module *m);
 u32 hrperf_shim_kernel_stack(struct pt_regs *regs, u64 *out, u32 max);
 int hrperf_shim_user_regs(struct pt_regs *regs, u64 *ip, u64 *bp);
 u32 hrperf_shim_comm(char *out, u32 len);
+const char *hrperf_shim_param_pebs_sim(void);
+u64 hrperf_shim_param_pebs_sim_busy(void);
+void hrperf_shim_cpu_facts(struct hrperf_cpu_facts *f);
+int hrperf_shim_rdmsr(u32 msr, u64 *val);
+int hrperf_shim_wrmsr(u32 msr, u64 val);
+u64 hrperf_shim_hw_event_config(u32 id);
+int hrperf_shim_pebs_nmi_register(void);
+void hrperf_shim_pebs_nmi_unregister(void);
+void hrperf_shim_gprs(struct pt_regs *regs, u64 *out);
 
 #endif /* HRPERF_SHIM_H */

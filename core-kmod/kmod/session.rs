@@ -39,6 +39,7 @@ use crate::abi::{CpuMask, MAX_COUNTERS, MAX_CPUS};
 use crate::engine::{Buffer, CounterConfig, CpuSession, Format, RingReader, Sample, Session};
 use crate::aggregate::consumer::{Access, AggView, ViewError};
 use crate::engine_err;
+use crate::pebs_pmu::{self, PebsCpu, Pmi, SessionPebs};
 use crate::shim::{self, FileHandle, ModuleRef, PerfCounter, Thread, ThreadBody, Vma, VmBuffer};
 
 /// Shortest poll interval accepted (10 µs).
@@ -53,60 +54,6 @@ const MAX_TOTAL_SIZE: u64 = 1 << 30;
 const BUSY_RETRIES: u32 = 10_000;
 /// Control bits that wake the reader: NOTIFY, and SWITCH (an interval was published).
 const CTRL_WAKE: u32 = CTRL_NOTIFY | CTRL_SWITCH;
-
-/// Offset of the `FMT_FL_PEBS` argument's flags word (`PebsArg::flags`).
-const PEBS_ARG_FLAGS: usize = 4;
-/// Offset of the `FMT_FL_PEBS` argument's detected-format word (`PebsArg::pebs_format`).
-const PEBS_ARG_FORMAT: usize = 8;
-/// `PebsArg::flags` bit: a PEBS-capable PMU is present (`ARG_FL_PMU_PRESENT`).
-const PEBS_ARG_FL_PMU_PRESENT: u32 = 1 << 0;
-
-/// What the kernel detected about PEBS: `Some(pebs_format word)` if a PEBS-capable PMU
-/// can be used, `None` otherwise.
-///
-/// Detected: whether a hardware PMU is registered at all (a disabled
-/// `PERF_TYPE_HARDWARE` cycles counter can be created, [`shim::hw_pmu_present`]). That
-/// is necessary, not sufficient: the PEBS record format lives in `x86_pmu.intel_cap`,
-/// which a module cannot reach, and this module does not program the DS save area or
-/// the PEBS MSRs yet. So the answer is conservatively `None` ("not present") in every
-/// case for now (logged with the hardware-PMU finding); under QEMU/TCG there is no
-/// hardware PMU anyway.
-fn pebs_detect() -> Option<u32> {
-    let hw_pmu = if shim::hw_pmu_present() { "present" } else { "absent" };
-    pr_info!(
-        "PEBS: hardware PMU {}; PEBS not present (capability not readable from a module, DS/PEBS MSR programming not implemented)\n",
-        hw_pmu
-    );
-    None
-}
-
-/// For a `FMT_FL_PEBS` format, overwrites the argument's PMU fields with what the kernel
-/// detected (never trusting the user's) and refuses with `ENODEV` if nothing was. The
-/// argument layout is the PEBS format's `PebsArg`: `u32` flags at byte 4 (bit 0
-/// `ARG_FL_PMU_PRESENT`), `u32` `pebs_format` at byte 8; a shorter argument is left to
-/// the format's `validate`.
-fn apply_pmu_detection(format_flags: u32, arg: &mut [u8]) -> Result {
-    if format_flags & FMT_FL_PEBS == 0 {
-        return Ok(());
-    }
-    let detected = pebs_detect();
-    if let Some(w) = arg.get_mut(PEBS_ARG_FLAGS..PEBS_ARG_FLAGS + 4) {
-        let mut flags = [0u8; 4];
-        flags.copy_from_slice(w);
-        let mut flags = u32::from_ne_bytes(flags) & !PEBS_ARG_FL_PMU_PRESENT;
-        if detected.is_some() {
-            flags |= PEBS_ARG_FL_PMU_PRESENT;
-        }
-        w.copy_from_slice(&flags.to_ne_bytes());
-    }
-    if let Some(w) = arg.get_mut(PEBS_ARG_FORMAT..PEBS_ARG_FORMAT + 4) {
-        w.copy_from_slice(&detected.unwrap_or(0).to_ne_bytes());
-    }
-    if detected.is_none() {
-        return Err(ENODEV);
-    }
-    Ok(())
-}
 
 /// A refused interval acknowledgement as an errno: not an interval buffer, or not the
 /// published interval → `EINVAL`.
@@ -148,23 +95,27 @@ impl Notifier {
 ///
 /// # Invariants
 ///
-/// `state` and the producer side of `buf` are only accessed on CPU `cpu` while `busy`
+/// `state`, `pebs` and the producer side of `buf` are only accessed on CPU `cpu` while `busy`
 /// is held, or from process context once no counter, thread or cross call can run (at
 /// creation and teardown, with `&mut self`). `notifier` outlives the slot.
 pub(crate) struct CpuSlot {
     cpu: u32,
     busy: AtomicBool,
     state: UnsafeCell<CpuSession>,
+    /// A `FMT_FL_PEBS` format: this CPU's PMU state (guarded like `state`).
+    pebs: UnsafeCell<Option<PebsCpu>>,
     buf: VmBuffer,
     counters: KVec<PerfCounter>,
     notifier: NonNull<Notifier>,
     /// The format has `FMT_FL_STACKS`: overflows get the stack services.
     stacks: bool,
+    /// The format has `FMT_FL_PEBS` (on the simulated PMU, overflows run the assist).
+    pebs_format: bool,
     ticks: AtomicU64,
     busy_skips: AtomicU64,
 }
 
-// SAFETY: `state` is guarded by `busy` (type invariant); everything else is atomic,
+// SAFETY: `state` and `pebs` are guarded by `busy` (type invariant); everything else is atomic,
 // immutable after creation, or Sync itself.
 unsafe impl Sync for CpuSlot {}
 // SAFETY: as above; nothing in a slot is tied to the creating thread.
@@ -173,7 +124,10 @@ unsafe impl Send for CpuSlot {}
 impl CpuSlot {
     /// Runs `f` with this CPU's engine state and buffer, unless another context holds
     /// them (then `None`). Must run on CPU `self.cpu` (overflow callback, cross call).
-    fn try_with<R>(&self, f: impl FnOnce(&mut CpuSession, &mut Buffer<'_>) -> R) -> Option<R> {
+    fn try_with<R>(
+        &self,
+        f: impl FnOnce(&mut CpuSession, &mut Buffer<'_>, &mut Option<PebsCpu>) -> R,
+    ) -> Option<R> {
         if self.busy.swap(true, Ordering::Acquire) {
             return None;
         }
@@ -183,8 +137,8 @@ impl CpuSlot {
         let r = match buf {
             Ok(mut buf) => {
                 // SAFETY: `busy` is held: exclusive access (type invariant).
-                let state = unsafe { &mut *self.state.get() };
-                Some(f(state, &mut buf))
+                let (state, pebs) = unsafe { (&mut *self.state.get(), &mut *self.pebs.get()) };
+                Some(f(state, &mut buf, pebs))
             }
             Err(_) => None,
         };
@@ -196,7 +150,7 @@ impl CpuSlot {
     /// while an overflow handler holds the slot.
     fn run_on<R: Send>(
         &self,
-        f: impl Fn(&mut CpuSession, &mut Buffer<'_>) -> R + Sync,
+        f: impl Fn(&mut CpuSession, &mut Buffer<'_>, &mut Option<PebsCpu>) -> R + Sync,
     ) -> Result<R> {
         for _ in 0..BUSY_RETRIES {
             let mut out = None;
@@ -206,6 +160,28 @@ impl CpuSlot {
             }
         }
         Err(EBUSY)
+    }
+
+    /// STOP on this CPU: PEBS off and perf's DS area back (withdrawn from the NMI path
+    /// first), then the engine stops (flushing its LOST record).
+    fn stop_cpu(
+        &self,
+        cs: &mut CpuSession,
+        buf: &mut Buffer<'_>,
+        pebs: &mut Option<PebsCpu>,
+    ) -> core::result::Result<(), crate::engine::EngineError> {
+        if let Some(pc) = pebs.as_mut() {
+            // SAFETY: on this CPU with IRQs off (cross call).
+            unsafe { pebs_pmu::publish(self.cpu, None) };
+            pc.disarm(self.cpu);
+        }
+        cs.stop(buf)
+    }
+
+    /// On the simulated PEBS PMU the session's perf counter drives the assist; on
+    /// hardware the slot has no counters (the NMI path drives it).
+    fn counters_drive_pebs(&self) -> bool {
+        !self.counters.is_empty()
     }
 
     /// Reads this CPU's counters (on this CPU).
@@ -222,9 +198,8 @@ impl CpuSlot {
         unsafe { self.notifier.as_ref() }
     }
 
-    /// Hands one sample to the format; acts on NOTIFY. Runs on this CPU.
-    fn dispatch(&self, sample: &Sample, services: &Services) {
-        let ctrl = self.try_with(|cs, buf| cs.dispatch(buf, sample, services));
+    /// Acts on the control bits of a dispatch: NOTIFY and SWITCH wake the reader.
+    fn act(&self, ctrl: Option<u32>) {
         match ctrl {
             // CTRL_RESET needs nothing: perf re-arms its own sampling period, and its
             // counts are 64-bit, so the engine's raw values never jump.
@@ -237,9 +212,14 @@ impl CpuSlot {
         }
     }
 
-    /// The overflow callback of this CPU's leader counter (NMI/IRQ context).
-    pub(crate) fn on_overflow(&self, o: &shim::OverflowInfo) {
-        let sample = Sample {
+    /// Hands one sample to the format; acts on NOTIFY. Runs on this CPU.
+    fn dispatch(&self, sample: &Sample, services: &Services) {
+        self.act(self.try_with(|cs, buf, _| cs.dispatch(buf, sample, services)));
+    }
+
+    /// The sample of an overflow (or PEBS PMI) on this CPU.
+    fn overflow_sample(&self, o: &shim::OverflowInfo) -> Sample {
+        Sample {
             cpu: self.cpu,
             kind: SAMPLE_OVERFLOW,
             pid: o.pid,
@@ -251,10 +231,59 @@ impl CpuSlot {
             ovfl_counter: 0,
             nr: self.counters.len() as u32,
             raw: self.read_raw(),
-        };
+        }
+    }
+
+    /// The overflow callback of this CPU's leader counter (NMI/IRQ context). On the
+    /// simulated PEBS PMU it is the PEBS counter's overflow: the assist, and the PMI
+    /// when the threshold is reached.
+    pub(crate) fn on_overflow(&self, o: &shim::OverflowInfo) {
+        let sample = self.overflow_sample(o);
+        if self.pebs_format {
+            let r = self.try_with(|cs, buf, pebs| {
+                let masked = cs.is_masked();
+                let pc = pebs.as_mut()?;
+                pc.sim_overflow(o, self.cpu, buf, masked, |b| cs.dispatch(b, &sample, &Services::NONE))
+            });
+            self.act_pmi(r);
+            return;
+        }
         // The table points into `o`, which lives until this call returns.
         let services = if self.stacks { o.services() } else { Services::NONE };
         self.dispatch(&sample, &services);
+    }
+
+    /// Acts on what a PEBS PMI was; returns whether it was this CPU's.
+    fn act_pmi(&self, r: Option<Option<Pmi>>) -> bool {
+        match r {
+            Some(Some(Pmi::Handled(ctrl))) => {
+                self.act(Some(ctrl));
+                true
+            }
+            // PEBS stopped on this CPU: the reader learns it from INFO; wake it.
+            Some(Some(Pmi::Conflict)) => {
+                self.notifier().notify();
+                true
+            }
+            Some(Some(Pmi::NotOurs)) | Some(None) => false,
+            None => {
+                self.busy_skips.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    /// An NMI on this CPU while its PEBS is armed (hardware sessions): the threshold
+    /// PMI, if its status bits or DS index say so. A context holding the slot (a cross
+    /// call this NMI interrupted) leaves it for the next NMI or the RESTART.
+    pub(crate) fn on_pebs_pmi(&self, o: &shim::OverflowInfo) -> bool {
+        let sample = self.overflow_sample(o);
+        let r = self.try_with(|cs, buf, pebs| {
+            let masked = cs.is_masked();
+            let pc = pebs.as_mut()?;
+            Some(pc.pmi(self.cpu, buf, masked, |b| cs.dispatch(b, &sample, &Services::NONE)))
+        });
+        self.act_pmi(r)
     }
 
     /// A poll or instructed read on this CPU: its own counters, its own clock.
@@ -379,6 +408,12 @@ impl Drop for FormatPin {
 /// may call into `shared.slots`; both are stopped before `shared` changes or is freed.
 pub(crate) struct ActiveSession {
     thread: Option<Thread>,
+    /// A `FMT_FL_PEBS` format: how each CPU's PEBS is programmed.
+    pebs: Option<SessionPebs>,
+    /// Hardware PEBS: a disabled perf hardware counter, so perf keeps the PMU reserved
+    /// (its DS area pointers stay as saved) and its NMI handler active (it unmasks the
+    /// APIC's PMI vector). Dropped after the slots are disarmed.
+    _pmu_hold: Option<PerfCounter>,
     shared: KBox<Shared>,
     session: Session,
     mode: u32,
@@ -399,7 +434,12 @@ impl ActiveSession {
         let mut arg = KVec::with_capacity(req.arg.len(), GFP_KERNEL)?;
         arg.extend_from_slice(req.arg, GFP_KERNEL)?;
         // Before `validate`: the PMU fields come from the kernel, not the user.
-        apply_pmu_detection(req.format.flags(), &mut arg)?;
+        let pebs = if req.format.flags() & FMT_FL_PEBS != 0 {
+            Some(crate::globals()?.pebs.prepare(req.events, req.sample_period, &mut arg)?)
+        } else {
+            None
+        };
+        let hardware_pebs = pebs.is_some_and(|p| !p.simulated);
         let arg: &[u8] = &arg;
         let nr = req.events.len();
         let params = SessionParams {
@@ -441,6 +481,8 @@ impl ActiveSession {
         let mut s = KBox::new(
             ActiveSession {
                 thread: None,
+                pebs,
+                _pmu_hold: None,
                 shared,
                 session,
                 mode: req.mode,
@@ -460,6 +502,8 @@ impl ActiveSession {
                 cpu,
                 busy: AtomicBool::new(false),
                 state: UnsafeCell::new(cs),
+                pebs: UnsafeCell::new(pebs.map(|p| p.cpu_state(cpu))),
+                pebs_format: pebs.is_some(),
                 buf,
                 counters: KVec::new(),
                 notifier: NonNull::from(notifier),
@@ -475,15 +519,35 @@ impl ActiveSession {
                 *i = idx;
             }
         }
-        for slot in s.shared.slots.iter_mut() {
-            slot.counters.reserve(nr, GFP_KERNEL)?;
-            let ctx: *const CpuSlot = &*slot;
-            for (i, ev) in req.events.iter().enumerate() {
-                let period = if i == 0 && req.mode == MODE_OVERFLOW { req.sample_period } else { 0 };
-                // SAFETY: the slot is boxed (stable address) and outlives its counters:
-                // teardown releases them before the slots are freed.
-                let c = unsafe { PerfCounter::create(slot.cpu, ev, period, ctx.cast::<c_void>()) }?;
-                slot.counters.push(c, GFP_KERNEL)?;
+        if hardware_pebs {
+            // The CPU's PEBS counter is programmed directly; perf only holds the PMU.
+            let cycles = EventDesc { kind: EVENT_TYPE_HARDWARE, flags: 0, config: 0, config1: 0, config2: 0 };
+            let first = s.shared.slots.first().map_or(0, |slot| slot.cpu);
+            // SAFETY: a counting-only counter (no period): no overflow calls, no context.
+            s._pmu_hold = Some(unsafe { PerfCounter::create(first, &cycles, 0, core::ptr::null()) }?);
+        } else {
+            for slot in s.shared.slots.iter_mut() {
+                slot.counters.reserve(nr, GFP_KERNEL)?;
+                let ctx: *const CpuSlot = &*slot;
+                for (i, ev) in req.events.iter().enumerate() {
+                    let period = if i == 0 && req.mode == MODE_OVERFLOW { req.sample_period } else { 0 };
+                    // SAFETY: the slot is boxed (stable address) and outlives its counters:
+                    // teardown releases them before the slots are freed.
+                    let c = unsafe { PerfCounter::create(slot.cpu, ev, period, ctx.cast::<c_void>()) }?;
+                    slot.counters.push(c, GFP_KERNEL)?;
+                }
+            }
+        }
+        if let Some(p) = pebs {
+            // Each CPU: a counter perf leaves free, or the reason it cannot have one.
+            for slot in s.shared.slots.iter() {
+                let claimed = slot.run_on(|_, buf, pc| match pc.as_mut() {
+                    Some(pc) => p.claim(pc, buf),
+                    None => Ok(()),
+                })?;
+                if let Err(r) = claimed {
+                    return Err(crate::globals()?.pebs.refuse(r, slot.cpu));
+                }
             }
         }
         Ok(s)
@@ -495,10 +559,26 @@ impl ActiveSession {
             return Err(EINVAL);
         }
         for (n, slot) in self.shared.slots.iter().enumerate() {
-            let r = slot.run_on(|cs, buf| cs.start(buf, &slot.read_raw(), shim::clock_ns()));
-            if let Err(e) = r.and_then(|r| r.map_err(engine_err)) {
+            let r = slot.run_on(|cs, buf, pebs| {
+                cs.start(buf, &slot.read_raw(), shim::clock_ns()).map_err(engine_err)?;
+                let Some(pc) = pebs.as_mut() else { return Ok(()) };
+                if let Err(r) = pc.arm(slot.cpu) {
+                    let _ = cs.stop(buf);
+                    return Err(Error::from_errno(-r.errno()));
+                }
+                if cs.is_masked() {
+                    pc.mask();
+                }
+                if !slot.counters_drive_pebs() {
+                    // SAFETY: on this CPU with IRQs off; withdrawn in `stop` (and before
+                    // the slot is freed: a dropped running session is stopped first).
+                    unsafe { pebs_pmu::publish(slot.cpu, Some(slot)) };
+                }
+                Ok(())
+            });
+            if let Err(e) = r.and_then(|r| r) {
                 for s in self.shared.slots.iter().take(n) {
-                    let _ = s.run_on(|cs, buf| cs.stop(buf));
+                    let _ = s.run_on(|cs, buf, pebs| s.stop_cpu(cs, buf, pebs));
                 }
                 return Err(e);
             }
@@ -537,7 +617,8 @@ impl ActiveSession {
         }
         let mut res = Ok(());
         for slot in self.shared.slots.iter() {
-            if let Err(e) = slot.run_on(|cs, buf| cs.stop(buf)).and_then(|r| r.map_err(engine_err))
+            if let Err(e) =
+                slot.run_on(|cs, buf, pebs| slot.stop_cpu(cs, buf, pebs)).and_then(|r| r.map_err(engine_err))
             {
                 res = Err(e);
             }
@@ -560,10 +641,29 @@ impl ActiveSession {
     /// format this switches intervals (the format's `restart`; `EBUSY` while the
     /// published interval is not acknowledged).
     pub(crate) fn restart(&mut self, cpu: u32) -> Result {
+        let pebs = self.pebs.is_some();
         for slot in self.slots_for(cpu)? {
-            let ctrl = slot.run_on(|cs, buf| cs.restart(buf))?.map_err(engine_err)?;
+            let ctrl = slot
+                .run_on(|cs, buf, pc| {
+                    // A PEBS CPU still counting has records being written: resetting its
+                    // index would lose them. Restart follows the threshold's MASK.
+                    if pebs && !cs.is_masked() {
+                        return Err(EINVAL);
+                    }
+                    let ctrl = cs.restart(buf).map_err(engine_err)?;
+                    if let Some(pc) = pc.as_mut() {
+                        slot.act_pmi(Some(Some(pc.restart(slot.cpu))));
+                    }
+                    Ok(ctrl)
+                })
+                .and_then(|r| r)?;
             if ctrl & CTRL_WAKE != 0 {
                 slot.notifier().notify();
+            } else if pebs {
+                // For PEBS the reader's answer to NOTIFY is RESTART (nothing to CONSUME).
+                // A notification of another CPU in between is lost only until the
+                // reader's next timed drain; that CPU stays masked, nothing is lost.
+                slot.notifier().ack();
             }
         }
         Ok(())
@@ -603,7 +703,7 @@ impl ActiveSession {
     /// Statistics of the `i`-th CPU (read on that CPU).
     pub(crate) fn stats(&self, i: usize) -> Result<CpuStats> {
         let slot = self.shared.slots.get(i).ok_or(EINVAL)?;
-        let mut st = slot.run_on(|cs, buf| cs.stats(buf))?;
+        let mut st = slot.run_on(|cs, buf, _| cs.stats(buf))?;
         st.masked = st.masked.wrapping_add(slot.busy_skips.load(Ordering::Relaxed));
         if self.mode != MODE_OVERFLOW {
             st.poll_ticks = slot.ticks.load(Ordering::Relaxed);
@@ -692,6 +792,9 @@ impl Drop for ActiveSession {
             // SAFETY: the live buffer, ours alone now (nothing else runs, see above).
             if let Ok(mut b) = unsafe { Buffer::from_raw(slot.buf.ptr(), slot.buf.len()) } {
                 let _ = slot.state.get_mut().exit(&mut b);
+            }
+            if let Some(pc) = slot.pebs.get_mut() {
+                pc.disarm(slot.cpu);
             }
         }
         // Fields drop next: buffers (`shared`), then `pin` (registry, then module put).

@@ -17,6 +17,9 @@ use kernel::str::CStr;
 use crate::abi::event::{EventDesc, EVENT_FL_KERNEL_ONLY, EVENT_FL_PRECISE, EVENT_FL_USER_ONLY};
 use crate::abi::format::{FormatOps, Services};
 use crate::abi::CpuMask;
+use crate::pebs::coexist::PmuFacts;
+use crate::pebs::ds::{cap, PebsMsrs};
+use crate::pebs::layout::CpuInfo;
 
 /// What the overflow trampoline reports about the interrupted context (`struct hrperf_ovf`).
 #[repr(C)]
@@ -48,6 +51,26 @@ struct CounterAttr {
     config1: u64,
     config2: u64,
     sample_period: u64,
+}
+
+/// `struct hrperf_cpu_facts`: what the shim reads about the CPU for PEBS.
+#[repr(C)]
+#[derive(Default)]
+struct CpuFactsC {
+    intel: u32,
+    family: u32,
+    model: u32,
+    ds: u32,
+    dtes64: u32,
+    pdcm: u32,
+    hybrid: u32,
+    pti: u32,
+    misc_enable_ok: u32,
+    perf_caps_ok: u32,
+    misc_enable: u64,
+    perf_caps: u64,
+    cpuid_0a_eax: u32,
+    tsc_khz: u32,
 }
 
 type CallFn = unsafe extern "C" fn(info: *mut c_void);
@@ -100,6 +123,15 @@ mod ffi {
         pub(super) fn hrperf_shim_user_regs(regs: *mut c_void, ip: *mut u64, bp: *mut u64)
             -> c_int;
         pub(super) fn hrperf_shim_comm(out: *mut c_char, len: u32) -> u32;
+        pub(super) fn hrperf_shim_param_pebs_sim() -> *const c_char;
+        pub(super) fn hrperf_shim_param_pebs_sim_busy() -> u64;
+        pub(super) fn hrperf_shim_cpu_facts(f: *mut CpuFactsC);
+        pub(super) fn hrperf_shim_rdmsr(msr: u32, val: *mut u64) -> c_int;
+        pub(super) fn hrperf_shim_wrmsr(msr: u32, val: u64) -> c_int;
+        pub(super) fn hrperf_shim_hw_event_config(id: u32) -> u64;
+        pub(super) fn hrperf_shim_pebs_nmi_register() -> c_int;
+        pub(super) fn hrperf_shim_pebs_nmi_unregister();
+        pub(super) fn hrperf_shim_gprs(regs: *mut c_void, out: *mut u64);
     }
 }
 
@@ -124,6 +156,18 @@ pub(crate) fn param_mode() -> &'static [u8] {
 pub(crate) fn param_poll_us() -> u32 {
     // SAFETY: reads a module parameter; no preconditions.
     unsafe { ffi::hrperf_shim_param_poll_us() }
+}
+
+/// The `pebs_sim=` module parameter's bytes (empty: the CPU's own PEBS).
+pub(crate) fn param_pebs_sim() -> &'static [u8] {
+    // SAFETY: as for `param_mode`: a NUL-terminated, read-only parameter string.
+    unsafe { CStr::from_char_ptr(ffi::hrperf_shim_param_pebs_sim()) }.as_bytes()
+}
+
+/// The `pebs_sim_busy=` module parameter (CPUs where the simulated perf uses PEBS).
+pub(crate) fn param_pebs_sim_busy() -> u64 {
+    // SAFETY: reads a module parameter; no preconditions.
+    unsafe { ffi::hrperf_shim_param_pebs_sim_busy() }
 }
 
 /// `/dev/hrperf`; unregistered on drop.
@@ -304,6 +348,21 @@ impl OverflowInfo {
     }
 }
 
+impl OverflowInfo {
+    /// The interrupted context's registers in the PEBS GPR group's order (flags, ip, ax,
+    /// cx, dx, bx, sp, bp, si, di, r8–r15), if perf gave regs.
+    pub(crate) fn gprs(&self) -> Option<[u64; 18]> {
+        if self.regs.is_null() {
+            return None;
+        }
+        let mut out = [0u64; 18];
+        // SAFETY: `regs` is the live `struct pt_regs *` of this overflow (valid during the
+        // call, the type's contract); `out` has room for the 18 words written.
+        unsafe { ffi::hrperf_shim_gprs(self.regs, out.as_mut_ptr()) };
+        Some(out)
+    }
+}
+
 /// `Services::kernel_stack`: the unwinder from the overflow's regs (kernel mode only).
 ///
 /// # Safety
@@ -479,6 +538,97 @@ impl Drop for PerfCounter {
 pub(crate) fn hw_pmu_present() -> bool {
     // SAFETY: process context; creates and releases a disabled counter, nothing kept.
     unsafe { ffi::hrperf_shim_hw_pmu_present() != 0 }
+}
+
+// ---- PEBS: CPU facts, MSRs, the PMI ---------------------------------------------------------------
+
+/// What the kernel knows about the CPU and its PMU, for `coexist::verdict`, and the TSC
+/// frequency in kHz. Process context (sleeps: [`hw_pmu_present`]).
+pub(crate) fn cpu_facts() -> (PmuFacts, u32) {
+    let mut f = CpuFactsC::default();
+    // SAFETY: `f` is valid for the write; the shim reads boot_cpu_data, CPUID and two
+    // MSRs with the fault-tolerant accessor.
+    unsafe { ffi::hrperf_shim_cpu_facts(&mut f) };
+    let pebs_unavailable =
+        f.misc_enable & crate::pebs::ds::msr::MISC_ENABLE_PEBS_UNAVAIL != 0;
+    let facts = PmuFacts {
+        cpu: CpuInfo {
+            intel: f.intel != 0,
+            family: f.family,
+            model: f.model,
+            ds: f.ds != 0,
+            dtes64: f.dtes64 != 0,
+            pdcm: f.pdcm != 0,
+            pebs_unavailable,
+            atom_core: false,
+        },
+        hw_pmu: hw_pmu_present(),
+        pmu_version: f.cpuid_0a_eax & 0xff,
+        gp_counters: (f.cpuid_0a_eax >> 8) & 0xff,
+        gp_width: (f.cpuid_0a_eax >> 16) & 0xff,
+        hybrid: f.hybrid != 0,
+        pti: f.pti != 0,
+        misc_enable_read: f.misc_enable_ok != 0,
+        perf_capabilities: (f.perf_caps_ok != 0).then_some(f.perf_caps),
+        full_width: f.perf_caps_ok != 0 && f.perf_caps & cap::FULL_WIDTH_WRITE != 0,
+    };
+    (facts, f.tsc_khz)
+}
+
+/// The current CPU's MSRs through `rdmsrl_safe`/`wrmsrl_safe`: a missing MSR is a
+/// counted fault (reads give 0), never an oops. Use with IRQs off on one CPU.
+#[derive(Default)]
+pub(crate) struct KernelMsrs {
+    /// Accesses that faulted.
+    pub(crate) faults: u32,
+}
+
+impl PebsMsrs for KernelMsrs {
+    fn rdmsr(&mut self, msr: u32) -> u64 {
+        let mut v = 0u64;
+        // SAFETY: `v` is valid for the write; the safe accessor catches #GP.
+        if unsafe { ffi::hrperf_shim_rdmsr(msr, &mut v) } != 0 {
+            self.faults = self.faults.saturating_add(1);
+            return 0;
+        }
+        v
+    }
+
+    fn wrmsr(&mut self, msr: u32, value: u64) {
+        // SAFETY: the safe accessor catches #GP; which MSRs are written is the caller's
+        // (the PEBS programming sequence of `hrperf_fmt_pebs::ds`).
+        if unsafe { ffi::hrperf_shim_wrmsr(msr, value) } != 0 {
+            self.faults = self.faults.saturating_add(1);
+        }
+    }
+}
+
+/// perf's raw encoding of generic hardware event `id` (`PERF_COUNT_HW_*`), if it has one.
+pub(crate) fn hw_event_config(id: u64) -> Option<u64> {
+    let id = u32::try_from(id).ok()?;
+    // SAFETY: a table lookup in perf (bounds-checked there); no preconditions.
+    let c = unsafe { ffi::hrperf_shim_hw_event_config(id) };
+    (c != 0).then_some(c)
+}
+
+/// The PEBS PMI handler (an `NMI_LOCAL` handler calling [`hrperf_rs_pebs_pmi`]),
+/// registered while this lives.
+pub(crate) struct PebsNmi(());
+
+impl PebsNmi {
+    /// Registers the handler (first in line, before perf's). Process context.
+    pub(crate) fn register() -> Result<PebsNmi> {
+        // SAFETY: process context; the handler is a static function of the shim.
+        to_result(unsafe { ffi::hrperf_shim_pebs_nmi_register() })?;
+        Ok(PebsNmi(()))
+    }
+}
+
+impl Drop for PebsNmi {
+    fn drop(&mut self) {
+        // SAFETY: registered in `register`; returns after every running handler ended.
+        unsafe { ffi::hrperf_shim_pebs_nmi_unregister() };
+    }
 }
 
 // ---- CPUs, time, cross calls ----------------------------------------------------------------------
@@ -703,6 +853,21 @@ pub(crate) unsafe extern "C" fn hrperf_rs_overflow(ctx: *mut c_void, o: *const O
     let o = unsafe { o.as_ref() };
     let (Some(slot), Some(o)) = (slot, o) else { return };
     slot.on_overflow(o);
+}
+
+/// The PEBS NMI handler: every NMI on this CPU while [`PebsNmi`] is registered. Returns
+/// non-zero if it was this CPU's PEBS threshold interrupt.
+///
+/// # Safety
+///
+/// `o` is valid for reads (its `regs` during the call), NMI context on the current CPU.
+#[no_mangle]
+pub(crate) unsafe extern "C" fn hrperf_rs_pebs_pmi(o: *const OverflowInfo) -> c_int {
+    // SAFETY: valid for reads or null (the caller's contract).
+    match unsafe { o.as_ref() } {
+        Some(o) => crate::pebs_pmu::on_nmi(o) as c_int,
+        None => 0,
+    }
 }
 
 /// Registers a format module's table (perfmon2's `pfm_fmt_register`); 0 or `-errno`.

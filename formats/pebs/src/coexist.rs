@@ -248,7 +248,8 @@ mod tests {
         assert_eq!((v.pebs_counters, v.counter_width, v.pmu_version, v.full_width), (4, 48, 4, true));
         // What the QEMU guest and most VMs report: perf has no hardware PMU.
         assert_eq!(verdict(&PmuFacts::default()), Err(Refusal::NoPmu));
-        let cases: [(fn(&mut PmuFacts), Refusal, u32); 9] = [
+        type Case = (fn(&mut PmuFacts), Refusal, u32);
+        let cases: [Case; 9] = [
             (|f| f.hw_pmu = false, Refusal::NoPmu, pebs_state::NO_PMU),
             (|f| f.cpu.intel = false, Refusal::Detect(DetectError::NotIntel), pebs_state::NOT_INTEL),
             (|f| f.cpu.ds = false, Refusal::Detect(DetectError::NoDebugStore), pebs_state::NO_DEBUG_STORE),
@@ -342,6 +343,35 @@ mod tests {
     }
 
     #[test]
+    fn stop_after_a_conflict_leaves_perfs_counter_and_ds_area_alone() {
+        let mut m = SimMsrs::new();
+        m.set(msr::IA32_DS_AREA, 0xfffffe00_00001000);
+        let p = PebsProgram {
+            counter: Counter::Gp(claim(&mut m, 4).unwrap()),
+            event: event_select(0x01c2, true, true).unwrap(),
+            start_value: 0,
+            ds_area: 0xffffc900_00100140,
+            pebs_format: 3,
+            data_cfg: 0,
+            ld_lat_threshold: 0,
+            pmu_version_below_5: true,
+            precise_store: false,
+            full_width: false,
+        };
+        let saved = ds::program(&mut m, &p).unwrap();
+        // perf scheduled a cycles event onto counter 3 and re-reserved the PMU.
+        let perf_sel = evtsel::EN | evtsel::INT | evtsel::OS | 0x3c;
+        m.set(msr::IA32_PERFEVTSEL0 + 3, perf_sel);
+        m.set(msr::IA32_DS_AREA, 0xfffffe00_00003000);
+        assert!(matches!(check_owned(&mut m, &p, false), Err(Refusal::Conflict(_))));
+        ds::stop(&mut m, &p, &saved).unwrap();
+        assert_eq!(m.get(msr::IA32_PERFEVTSEL0 + 3), perf_sel, "perf's event kept");
+        assert_eq!(m.get(msr::IA32_DS_AREA), 0xfffffe00_00003000, "perf's new DS area kept");
+        assert_eq!(m.get(msr::IA32_PEBS_ENABLE), 0, "our PEBS bit is gone");
+        assert_ne!(m.get(msr::IA32_PERF_GLOBAL_CTRL) & 1 << 3, 0, "perf's counter still enabled");
+    }
+
+    #[test]
     fn event_selects() {
         assert_eq!(event_select(0x01cd, true, false), Some(0x01cd | evtsel::USR));
         // perf's raw config may carry bits that are not PERFEVTSELx's to set.
@@ -349,7 +379,7 @@ mod tests {
             event_select(0x1_0000_01cd | evtsel::INT | evtsel::EN | evtsel::ANY, true, true),
             Some(0x01cd | evtsel::USR | evtsel::OS)
         );
-        assert_eq!(event_select(0x01_00_003c | evtsel::EDGE | evtsel::INV, false, true), Some(0x0100_003c | evtsel::EDGE | evtsel::INV | evtsel::OS));
+        assert_eq!(event_select(0x0100_003c | evtsel::EDGE | evtsel::INV, false, true), Some(0x0100_003c | evtsel::EDGE | evtsel::INV | evtsel::OS));
         assert_eq!(event_select(0xff00, true, true), None, "no event code");
         assert_eq!(event_select(0xc0, false, false), None);
     }

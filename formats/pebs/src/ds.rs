@@ -457,24 +457,46 @@ pub fn restart<M: PebsMsrs + ?Sized>(m: &mut M, p: &PebsProgram) -> Result<u64, 
     Ok(st)
 }
 
-/// Stops PEBS on the counter and gives back what [`program`] took: counter off and its
-/// event select (or fixed field) cleared, its IA32_PEBS_ENABLE bits cleared, its status
-/// bits acknowledged, IA32_DS_AREA restored (perf's pointer, so the CPU never writes
-/// into a freed buffer and perf's own PEBS works again), its global-control bit as it
-/// was.
+/// Whether the counter's control bits are still the ones [`program`] set (counting or
+/// masked): perf has not scheduled an event of its own onto it.
+fn counter_is_ours<M: PebsMsrs + ?Sized>(m: &mut M, p: &PebsProgram) -> bool {
+    let want = control(p);
+    match p.counter {
+        Counter::Gp(i) => {
+            let sel = m.rdmsr(msr::IA32_PERFEVTSEL0 + i);
+            sel == want || sel == want & !evtsel::EN
+        }
+        Counter::Fixed(j) => {
+            let field = m.rdmsr(msr::IA32_FIXED_CTR_CTRL) & (fixed_ctrl::bits(j, 0xf) | fixed_ctrl::adaptive(j));
+            field == want || field == 0
+        }
+    }
+}
+
+/// Stops PEBS on the counter and gives back what [`program`] took, as far as it is still
+/// ours (after a conflict perf may own the counter or the DS area again; those are left
+/// alone): counter off and its event select (or fixed field) cleared, its
+/// IA32_PEBS_ENABLE bits cleared, its status bits acknowledged, IA32_DS_AREA restored
+/// (perf's pointer, so the CPU never writes into a freed buffer and perf's own PEBS
+/// works again), its global-control bit as it was.
 pub fn stop<M: PebsMsrs + ?Sized>(m: &mut M, p: &PebsProgram, saved: &Saved) -> Result<(), DsError> {
     let bit = counter_bit(p)?;
-    let ctrl = m.rdmsr(msr::IA32_PERF_GLOBAL_CTRL);
-    m.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, ctrl & !bit);
-    match p.counter {
-        Counter::Gp(i) => m.wrmsr(msr::IA32_PERFEVTSEL0 + i, 0),
-        Counter::Fixed(_) => set_counting(m, p, false),
+    let ours = counter_is_ours(m, p);
+    if ours {
+        let ctrl = m.rdmsr(msr::IA32_PERF_GLOBAL_CTRL);
+        m.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, ctrl & !bit);
+        match p.counter {
+            Counter::Gp(i) => m.wrmsr(msr::IA32_PERFEVTSEL0 + i, 0),
+            Counter::Fixed(_) => set_counting(m, p, false),
+        }
     }
     let pebs = m.rdmsr(msr::IA32_PEBS_ENABLE);
     m.wrmsr(msr::IA32_PEBS_ENABLE, pebs & !enable_bits(p));
     ack_pmi(m, p)?;
-    m.wrmsr(msr::IA32_DS_AREA, saved.ds_area);
-    if saved.global_enabled {
+    if m.rdmsr(msr::IA32_DS_AREA) == p.ds_area {
+        m.wrmsr(msr::IA32_DS_AREA, saved.ds_area);
+    }
+    if ours && saved.global_enabled {
         let ctrl = m.rdmsr(msr::IA32_PERF_GLOBAL_CTRL);
         m.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, ctrl | bit);
     }

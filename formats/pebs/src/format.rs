@@ -584,28 +584,59 @@ pub fn init_buffer(buf: &mut Buffer<'_>, p: &Plan) -> Result<(), i32> {
     Ok(())
 }
 
+/// The DS words the handler looks at: index, threshold, absolute maximum, base, and
+/// the record size from the header.
+fn ds_words(buf: &Buffer<'_>) -> Option<(u64, u64, u64, u64, u64)> {
+    Some((
+        load(buf, DS_OFFSET + ds_off::PEBS_INDEX)?,
+        load(buf, DS_OFFSET + ds_off::PEBS_THRESHOLD)?,
+        load(buf, DS_OFFSET + ds_off::PEBS_ABS_MAX)?,
+        load(buf, DS_OFFSET + ds_off::PEBS_BUFFER_BASE)?,
+        u64::from(read_u32(buf, HDR_OFFSET + offset_of!(PebsHeader, record_size))?),
+    ))
+}
+
+/// Whether `pebs_index` reached the interrupt threshold or the area has no room for
+/// another record: the condition the CPU raises the PMI on (the kernel checks it on
+/// every NMI too, in case perf's handler took the interrupt first).
+pub fn threshold_reached(buf: &Buffer<'_>) -> bool {
+    match ds_words(buf) {
+        Some((index, thr, max, _, size)) => index >= thr || max.saturating_sub(index) < size,
+        None => false,
+    }
+}
+
+/// Sets the DS reset value of `slot` (the kernel, once it knows which counter it took;
+/// `init` fills the slots of counters `0..nr_counters`). `false` if out of range.
+pub fn set_reset(buf: &Buffer<'_>, slot: usize, value: u64) -> bool {
+    if slot >= DS_RESET_SLOTS {
+        return false;
+    }
+    match word(buf, DS_OFFSET + ds_off::PEBS_RESET + 8 * slot) {
+        Some(w) => {
+            w.store(value, Ordering::Release);
+            true
+        }
+        None => false,
+    }
+}
+
 /// The handler's logic. Never touches a record: counts the PMI and, when `pebs_index`
 /// reached the interrupt threshold (or the area has no room for another record), asks
 /// the core to notify the reader and mask this CPU until `restart`.
 #[inline]
 pub fn handle(buf: &Buffer<'_>) -> u32 {
     bump(buf, hdr_off::OVERFLOWS);
-    let (Some(index), Some(thr), Some(max), Some(base)) = (
-        load(buf, DS_OFFSET + ds_off::PEBS_INDEX),
-        load(buf, DS_OFFSET + ds_off::PEBS_THRESHOLD),
-        load(buf, DS_OFFSET + ds_off::PEBS_ABS_MAX),
-        load(buf, DS_OFFSET + ds_off::PEBS_BUFFER_BASE),
-    ) else {
+    let Some((index, thr, max, base, record_size)) = ds_words(buf) else {
         return CTRL_NOTIFY | CTRL_MASK;
     };
-    let record_size = read_u32(buf, HDR_OFFSET + offset_of!(PebsHeader, record_size)).unwrap_or(0);
     if index < base || index > max {
         // Corrupt DS area: stop sampling here and let the reader see it.
         return CTRL_NOTIFY | CTRL_MASK;
     }
-    if index >= thr || max - index < u64::from(record_size) {
+    if index >= thr || max - index < record_size {
         bump(buf, hdr_off::THRESHOLD_HITS);
-        if max - index < u64::from(record_size) {
+        if max - index < record_size {
             bump(buf, hdr_off::FULL);
         }
         return CTRL_NOTIFY | CTRL_MASK;

@@ -750,6 +750,20 @@ impl PebsFormat {
         PebsFormat::new(layout as u32, extra | Self::SIMULATED, table)
     }
 
+    /// The word a simulated PMU of `layout`'s generation reports: the data-source table
+    /// of that generation (Nehalem without TLB bits, Sandy Bridge for Haswell, Skylake for
+    /// Skylake and adaptive) and the `simulated` bit. Used by the `sim` source and by
+    /// hrperf-core's `pebs_sim=`.
+    pub const fn simulated_for(layout: Layout) -> PebsFormat {
+        let (table, extra) = match layout {
+            Layout::Core => (DseTable::None, 0),
+            Layout::Nehalem => (DseTable::Nehalem, Self::NO_TLB),
+            Layout::Haswell => (DseTable::SandyBridge, 0),
+            Layout::Skylake | Layout::Adaptive => (DseTable::Skylake, 0),
+        };
+        PebsFormat(PebsFormat::simulated(layout, table).0 | extra)
+    }
+
     /// PEBS record format number.
     pub const fn format(self) -> u32 {
         self.0 & Self::FORMAT_MASK

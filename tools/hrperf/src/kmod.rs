@@ -21,6 +21,7 @@ use hrperf::source::kmod::{
 };
 use hrperf::source::perf;
 use hrperf_abi::format::{FMT_FL_INTERVALS, FMT_FL_PEBS, FMT_FL_RING, FMT_FL_STACKS};
+use hrperf_abi::ioctl::pebs_state;
 
 use crate::args::{parse_size, CtlArgs, RecordArgs, StartArgs};
 use crate::record::{catch_signals, exit_code, live_line, print_summary, STOP};
@@ -67,6 +68,46 @@ fn sys() -> Arc<dyn KmodSys> {
     Arc::new(LinuxKmodSys)
 }
 
+/// Period of the simulated PEBS PMU's trigger, cpu-clock ns (the kmod sim default).
+const DEFAULT_SIM_PEBS_PERIOD: u64 = 100_000;
+
+/// `--format pebs` with the kmod source: the events, period and format argument, with
+/// defaults chosen by the PMU the module uses (INFO): on the CPU's PEBS a precise
+/// `cycles` event, on the simulated PMU (`pebs_sim=`) `cpu-clock` every 100 µs as the
+/// PEBS counter's overflow. The record layout is the kernel's: `--pebs-format` does not
+/// apply. Memory info is asked for where the layout is adaptive.
+fn pebs_session(a: &RecordArgs) -> Result<PebsSession, CliError> {
+    if a.pebs_format != "adaptive" {
+        return Err(CliError(
+            "--pebs-format chooses the simulated PMU of --source sim; with --source kmod the kernel detects the record layout (on its simulated PMU: insmod hrperf-core.ko pebs_sim=fmt0|fmt1|fmt2|fmt3|adaptive)".into(),
+        ));
+    }
+    if a.poll_us.is_some() || a.instructed {
+        return Err(CliError("PEBS samples on counter overflow: use -c PERIOD, not --poll-us or --instructed".into()));
+    }
+    let info = Device::open(sys(), Path::new(DEFAULT_DEVICE)).and_then(|d| d.info())?;
+    let word = hrperf_fmt_pebs::PebsFormat(info.pebs_format);
+    let simulated = info.pebs_state == pebs_state::SIMULATED;
+    let adaptive = word.layout() == Some(hrperf_fmt_pebs::Layout::Adaptive) && word.has(hrperf_fmt_pebs::PebsFormat::BASELINE);
+    let mut arg = hrperf_fmt_pebs::PebsArg::new();
+    arg.data_cfg = match &a.pebs_data_cfg {
+        Some(g) => hrperf::source::sim::pebs::parse_data_cfg(g)?,
+        None if adaptive => hrperf_fmt_pebs::layout::DATACFG_MEMINFO,
+        None => 0,
+    };
+    arg.ld_lat_threshold = a.pebs_ld_lat;
+    let events = a.events.clone().or_else(|| Some(if simulated { "cpu-clock" } else { "cycles" }.to_string()));
+    let period = a.period.or(Some(if simulated { DEFAULT_SIM_PEBS_PERIOD } else { crate::record::DEFAULT_PEBS_PERIOD }));
+    Ok(PebsSession { events, period, format_arg: arg.to_bytes().to_vec() })
+}
+
+/// What [`pebs_session`] chose.
+struct PebsSession {
+    events: Option<String>,
+    period: Option<u64>,
+    format_arg: Vec<u8>,
+}
+
 /// `hrperf record --source kmod`, with the format argument built from the format's
 /// options and, for an interval format, the interval switch period (0: default).
 pub fn run_record(
@@ -86,10 +127,16 @@ pub fn run_record(
             "nothing to record: give a command (-- CMD ...), -a or -C CPUS".into(),
         ));
     }
+    let pebs = hrperf::record::format_needs_pebs(&a.format);
+    let PebsSession { events, period, format_arg } = if pebs {
+        pebs_session(a)?
+    } else {
+        PebsSession { events: a.events.clone(), period: a.period, format_arg }
+    };
     let mut config = session_config(
         Some(&a.format),
-        a.events.as_deref(),
-        mode_of(a.period, a.poll_us, a.instructed)?,
+        events.as_deref(),
+        mode_of(period, a.poll_us, a.instructed)?,
         a.cpus.as_deref(),
         data_size,
     )?;
@@ -177,6 +224,23 @@ pub fn run_status(a: CtlArgs) -> CliResult {
             "drops:         {} (sessions closed since load)",
             info.total_drops
         )?;
+        let pebs = match info.pebs_state {
+            pebs_state::HARDWARE | pebs_state::SIMULATED => format!(
+                "{} (record format {}, word {:#x})",
+                pebs_state::text(info.pebs_state),
+                info.pebs_format & 0xf,
+                info.pebs_format
+            ),
+            state => format!("not available: {}", pebs_state::text(state)),
+        };
+        writeln!(out, "PEBS:          {pebs}")?;
+        if info.pebs_refusal != pebs_state::UNKNOWN {
+            let cpu = match info.pebs_refusal_cpu {
+                u32::MAX => String::new(),
+                c => format!(" on CPU {c} ({:#x})", info.pebs_refusal_value),
+            };
+            writeln!(out, "  last refusal: {}{cpu}", pebs_state::text(info.pebs_refusal))?;
+        }
         writeln!(out, "formats:       {} registered", formats.len())?;
         writeln!(
             out,

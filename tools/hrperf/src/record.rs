@@ -23,7 +23,7 @@ use crate::{CliError, CliResult};
 /// Default poll interval when no mode is given.
 const DEFAULT_POLL_US: u64 = 1000;
 /// Default sampling period of the PEBS counter (`--format pebs`, sim and perf sources).
-const DEFAULT_PEBS_PERIOD: u64 = 10_000;
+pub(crate) const DEFAULT_PEBS_PERIOD: u64 = 10_000;
 /// Default sampling period of the trigger event (sim source, `--format llc-stack`).
 const DEFAULT_STACK_PERIOD: u64 = 5000;
 /// Default sampling frequency (perf source, `--format llc-stack`).

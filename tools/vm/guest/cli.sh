@@ -88,7 +88,7 @@ rc=0; out=$(hrperf record --source kmod --format pebs -o /tmp/pebs.data -- true 
 echo "$out"
 [ "$rc" = 2 ] || fail "pebs record exit status $rc, want 2"
 [ "$(echo "$out" | wc -l)" = 1 ] || fail "pebs error is not one line"
-echo "$out" | grep -q 'no PEBS-capable PMU' || fail "pebs error does not say why"
+echo "$out" | grep -q 'refused zero-copy PEBS: no hardware PMU' || fail "pebs error does not say why"
 rmmod fmt_pebs
 echo "ok: --format pebs: one line, exit 2, module unloads"
 
@@ -285,3 +285,26 @@ hrperf status | grep -q '^sessions:      0 open' || fail "sessions left open"
 rmmod fmt_delta
 rmmod hrperf_core
 echo "ok: userspace half"
+
+step "hrperf record --source kmod --format pebs on the kernel's simulated PMU (pebs_sim=adaptive)"
+insmod /hrperf-core.ko pebs_sim=adaptive
+insmod /fmt-pebs.ko
+hrperf status | tee /tmp/status3
+grep -q '^PEBS:          available: simulated PMU' /tmp/status3 || fail "status does not show the simulated PEBS PMU"
+hrperf record --source kmod --format pebs --pebs-data-cfg meminfo+gpr -o /tmp/kpebs.data -- \
+    hrperf-burn --ms 1000 --threads 2 --touch-mb 8 2>&1 | tee /tmp/kpebs.out
+hrperf info -i /tmp/kpebs.data | tee /tmp/kpebs.info
+hrperf decode -i /tmp/kpebs.data --output csv > /tmp/kpebs.csv
+hrperf report --format pebs -i /tmp/kpebs.data | tee /tmp/kpebs.rep
+read_in_place=$(sed -n 's/^\[hrperf\] PEBS: \([0-9]*\) records read in place, .*, 0 records copied by the handler$/\1/p' /tmp/kpebs.out)
+[ -n "$read_in_place" ] || fail "no PEBS summary with 0 records copied"
+decoded=$(grep -c '^pebs_adaptive,' /tmp/kpebs.csv)
+simulated=$(grep -c '^pebs_adaptive,.*,adaptive,0x18314,sim,' /tmp/kpebs.csv)
+[ "$decoded" = "$read_in_place" ] || fail "decoded $decoded PEBS records, $read_in_place were read in place"
+[ "$simulated" = "$decoded" ] || fail "$simulated of $decoded records marked simulated"
+[ "$decoded" -gt 1000 ] || fail "too few PEBS records: $decoded"
+grep -q "^  $decoded records, $decoded with a data address" /tmp/kpebs.rep || fail "report does not count every record"
+echo "MEASURED cli kmod pebs (simulated PMU): $decoded records read in place from the mapped DS areas and decoded (TCG timing)"
+rmmod fmt_pebs
+rmmod hrperf_core
+echo "ok: kmod zero-copy PEBS recording on the simulated PMU decodes and reports every record"

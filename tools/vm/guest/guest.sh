@@ -36,6 +36,7 @@ $T mmap
 step "fmt-pebs: registered, refused without a PEBS-capable PMU"
 insmod /fmt-pebs.ko
 dmesg | grep -q 'hrperf_core: format registered: pebs'
+dmesg | grep 'hrperf_core: PEBS: not available: no hardware PMU'
 $T pebs
 rmmod fmt_pebs
 
@@ -81,6 +82,21 @@ $T info | grep -q 'default mode 1, poll_us 500'
 rmmod fmt_delta; rmmod hrperf_core
 if insmod /hrperf-core.ko mode=bogus 2>/dev/null; then echo "FAIL: mode=bogus accepted"; exit 1; fi
 echo "ok: dev_mode, dev_gid, mode, poll_us"
+
+step "zero-copy PEBS in the kernel on the simulated PMU (pebs_sim=adaptive)"
+insmod /hrperf-core.ko pebs_sim=adaptive
+insmod /fmt-pebs.ko
+dmesg | grep 'hrperf_core: PEBS: available: simulated PMU'
+$T pebs-sim 1000
+rmmod fmt_pebs; rmmod hrperf_core
+step "PEBS beside perf: perf's PEBS on CPU 1 (pebs_sim_busy=2)"
+insmod /hrperf-core.ko pebs_sim=adaptive pebs_sim_busy=2
+insmod /fmt-pebs.ko
+$T pebs-busy
+dmesg | grep 'PEBS session refused on CPU 1'
+rmmod fmt_pebs; rmmod hrperf_core
+if insmod /hrperf-core.ko pebs_sim=fmt9 2>/dev/null; then echo "FAIL: pebs_sim=fmt9 accepted"; exit 1; fi
+echo "ok: pebs_sim, pebs_sim_busy"
 
 step "20 load/use/unload cycles"
 sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true

@@ -15,6 +15,9 @@
  *   hrperf_test abuse [rounds]        every command with bad arguments; then a session
  *   hrperf_test quick                 one short instructed session (for load cycles)
  *   hrperf_test pebs                  fmt-pebs: listed; CREATE refused with ENODEV (no PMU)
+ *   hrperf_test pebs-sim [ms]         fmt-pebs on pebs_sim=adaptive: records in the mapped
+ *                                     DS area read in place, RESTART, nothing copied
+ *   hrperf_test pebs-busy             pebs_sim_busy=2: EBUSY naming CPU 1; BAD_EVENT
  *   hrperf_test aggregate [ms]        fmt-aggregate: intervals read in place, acked by
  *                                     CONSUME (tail = seq), switched by RESTART; conservation
  *   hrperf_test llc-stack [ms]        fmt-llc-stack: bad arguments refused; cpu-clock
@@ -782,18 +785,40 @@ static int format_listed(int fd, const char *name)
 	return found;
 }
 
+static uint64_t ld64(const uint8_t *p, uint64_t off)
+{
+	return __atomic_load_n((const uint64_t *)(p + off), __ATOMIC_ACQUIRE);
+}
+
+static struct hrperf_module_info module_info(void)
+{
+	int fd = dev_open();
+	struct hrperf_module_info mi = { .size = sizeof(mi) };
+
+	CHECK(ioctl(fd, HRPERF_IOC_INFO, &mi) == 0 && mi.size == sizeof(mi), "INFO");
+	close(fd);
+	return mi;
+}
+
 /*
- * fmt-pebs: listed; CREATE is refused with ENODEV because the kernel detects no
- * PEBS-capable PMU here, even when the argument (wrongly) claims one: the core
- * overwrites the argument's PMU fields with what it detected.
+ * fmt-pebs on the CPU's own PMU: listed; CREATE is refused with ENODEV because the
+ * kernel detects no PEBS-capable PMU here (INFO says why: no hardware PMU), even when
+ * the argument (wrongly) claims one: the core overwrites the argument's PMU fields with
+ * what it detected.
  */
 static void test_pebs(void)
 {
 	int fd = dev_open();
 	struct hrperf_session_create c;
+	struct hrperf_module_info mi = module_info();
 	uint32_t arg[36];	/* PebsArg, 144 bytes */
 	int r;
 
+	printf("pebs: state %u, format %#x, last refusal %u\n", mi.pebs_state, mi.pebs_format,
+	       mi.pebs_refusal);
+	CHECK(mi.pebs_state == HRPERF_PEBS_NO_PMU && mi.pebs_format == 0,
+	      "INFO pebs_state %u, want %u (no hardware PMU under TCG)", mi.pebs_state,
+	      HRPERF_PEBS_NO_PMU);
 	CHECK(format_listed(fd, "pebs"), "format pebs not listed");
 	memset(&c, 0, sizeof(c));
 	c.size = sizeof(c);
@@ -814,8 +839,237 @@ static void test_pebs(void)
 	r = ioctl(fd, HRPERF_IOC_CREATE, &c);
 	CHECK(r == -1 && errno == ENODEV, "CREATE pebs (argument claims a PMU): %d, want ENODEV", r);
 	CHECK(ioctl(fd, HRPERF_IOC_START) == -1 && errno == EINVAL, "no session after refusal");
+	mi = module_info();
+	CHECK(mi.pebs_refusal == HRPERF_PEBS_NO_PMU && mi.pebs_refusal_cpu == UINT32_MAX,
+	      "INFO pebs_refusal %u cpu %u", mi.pebs_refusal, mi.pebs_refusal_cpu);
 	close(fd);
-	printf("ok: pebs listed; CREATE refused with ENODEV (no PEBS-capable PMU detected), also when the argument claims one\n");
+	printf("ok: pebs listed; CREATE refused with ENODEV (INFO: no hardware PMU), also when the argument claims one\n");
+}
+
+/* The PEBS format's buffer (formats/pebs/src/format.rs) and adaptive records. */
+#define PEBS_HDR 192
+#define PEBS_H_PEBS_FORMAT 8
+#define PEBS_H_RECORD_SIZE 24
+#define PEBS_H_AREA_SIZE 48
+#define PEBS_H_CAPACITY 56
+#define PEBS_H_OVERFLOWS 64
+#define PEBS_H_THRESHOLD_HITS 72
+#define PEBS_H_RESTARTS 88
+#define PEBS_H_COPIED 96
+#define PEBS_H_LOST 104
+#define PEBS_DS 320
+#define PEBS_DS_BASE 0x20
+#define PEBS_DS_INDEX 0x28
+#define PEBS_DS_THRESHOLD 0x38
+#define PEBS_AREA 768
+#define PEBS_REC_SIZE 208	/* adaptive: basic 32 + meminfo 32 + GPRs 144 */
+#define PEBS_AREA_BYTES 16384
+
+struct pebs_arg {		/* PebsArg, 144 bytes */
+	uint32_t size, flags, pebs_format, policy;
+	uint64_t data_cfg;
+	uint32_t ld_lat_threshold, counter_width;
+	uint64_t area_size;
+	uint64_t reset[12];
+	uint32_t dsrc_kind, reserved;
+};
+
+struct pebs_tally {
+	uint64_t records, drains, full_drains, last_tsc, counter_bit;
+};
+
+/*
+ * Reads CPU i's records in place, [base, index) of the DS area in the mapping, and
+ * checks each one field by field against what the simulated assist writes from the
+ * interrupted context: record size and groups in the basic header, one applicable
+ * counter (the one hrperf-core took), the eventing IP equal to the GPR group's IP, the
+ * data address equal to the GPR group's stack pointer, an L1 hit of latency 5, TSCs
+ * (local_clock ns) that never go back. Returns the number of records.
+ */
+static uint64_t pebs_read(struct session *s, uint32_t i, struct pebs_tally *t)
+{
+	const uint8_t *b = (const uint8_t *)hdr_of(s, i);
+	const uint8_t *ds = b + PEBS_DS;
+	uint64_t base = ld64(ds, PEBS_DS_BASE), index = ld64(ds, PEBS_DS_INDEX);
+	uint64_t n, k;
+
+	CHECK(index >= base && (index - base) % PEBS_REC_SIZE == 0 &&
+	      index - base <= PEBS_AREA_BYTES, "cpu slot %u: DS index %#llx base %#llx", i,
+	      (unsigned long long)index, (unsigned long long)base);
+	n = (index - base) / PEBS_REC_SIZE;
+	for (k = 0; k < n; k++) {
+		const uint8_t *r = b + PEBS_AREA + k * PEBS_REC_SIZE;
+		uint64_t w0 = ld64(r, 0), ip = ld64(r, 8), app = ld64(r, 16), tsc = ld64(r, 24);
+
+		CHECK((w0 >> 48) == PEBS_REC_SIZE && (uint32_t)w0 == 3,
+		      "record %llu: basic header %#llx", (unsigned long long)k,
+		      (unsigned long long)w0);
+		CHECK(app && !(app & (app - 1)), "record %llu: applicable counters %#llx",
+		      (unsigned long long)k, (unsigned long long)app);
+		if (!t->counter_bit)
+			t->counter_bit = app;
+		CHECK(app == t->counter_bit, "applicable counter changed");
+		CHECK(ip && ip == ld64(r, 72), "record %llu: ip %#llx, GPR ip %#llx",
+		      (unsigned long long)k, (unsigned long long)ip,
+		      (unsigned long long)ld64(r, 72));
+		CHECK(ld64(r, 32) == ld64(r, 112), "record %llu: data address %#llx != sp %#llx",
+		      (unsigned long long)k, (unsigned long long)ld64(r, 32),
+		      (unsigned long long)ld64(r, 112));
+		CHECK(ld64(r, 40) == 1 && ld64(r, 48) == 5, "record %llu: dse %#llx lat %llu",
+		      (unsigned long long)k, (unsigned long long)ld64(r, 40),
+		      (unsigned long long)ld64(r, 48));
+		CHECK(tsc >= t->last_tsc, "record %llu: tsc went back", (unsigned long long)k);
+		t->last_tsc = tsc;
+	}
+	t->records += n;
+	return n;
+}
+
+/*
+ * Zero-copy PEBS in the kernel on the simulated PMU (hrperf-core loaded with
+ * pebs_sim=adaptive): cpu-clock overflows every 100 us stand in for the PEBS counter's;
+ * the simulated assist writes adaptive records (basic + meminfo + GPRs) straight into
+ * the DS-managed area of the buffer this process maps read-only; at the threshold the
+ * PMI goes through the format's handler (count, NOTIFY, MASK). The reader reads each
+ * full area in place and RESTARTs. Every full drain holds exactly the threshold's
+ * records; the handler copied nothing; interrupts == threshold hits; restarts == drains.
+ */
+static void test_pebs_sim(unsigned ms)
+{
+	static const uint32_t ev[] = { PERF_COUNT_SW_CPU_CLOCK };
+	struct hrperf_module_info mi = module_info();
+	struct pebs_arg arg = { .size = sizeof(arg), .data_cfg = 3 /* meminfo + GPRs */,
+				.ld_lat_threshold = 3, .area_size = PEBS_AREA_BYTES };
+	struct pebs_tally t[MAX_SLOTS] = { 0 };
+	struct hrperf_cpu_stats st[MAX_SLOTS];
+	struct session s;
+	uint64_t end, thr_records = 0, all = 0, hits = 0;
+	unsigned wakeups = 0;
+
+	CHECK(mi.pebs_state == HRPERF_PEBS_SIMULATED && (mi.pebs_format & 0xf) == 4 &&
+	      (mi.pebs_format & (1u << 16)) && mi.tsc_khz == 1000000,
+	      "INFO pebs state %u format %#x tsc_khz %u", mi.pebs_state, mi.pebs_format,
+	      mi.tsc_khz);
+	_Static_assert(sizeof(struct pebs_arg) == 144, "PebsArg");
+	session_create_fmt(&s, "pebs", &arg, sizeof(arg), HRPERF_MODE_OVERFLOW, ev, 1, 100000,
+			   0, 0);
+	for (uint32_t i = 0; i < s.count; i++) {
+		const uint8_t *b = (const uint8_t *)hdr_of(&s, i);
+		const uint8_t *h = b + PEBS_HDR, *ds = b + PEBS_DS;
+		struct hrperf_cpu_arg a = { .size = sizeof(a), .cpu = s.slots[i].cpu };
+
+		CHECK(*(const uint32_t *)(h + PEBS_H_PEBS_FORMAT) == mi.pebs_format,
+		      "header format word");
+		CHECK(*(const uint32_t *)(h + PEBS_H_RECORD_SIZE) == PEBS_REC_SIZE, "record size");
+		CHECK(ld64(h, PEBS_H_CAPACITY) == PEBS_AREA_BYTES / PEBS_REC_SIZE, "capacity");
+		thr_records = (ld64(ds, PEBS_DS_THRESHOLD) - ld64(ds, PEBS_DS_BASE)) / PEBS_REC_SIZE;
+		CHECK(thr_records == ld64(h, PEBS_H_CAPACITY) - 1, "large PEBS threshold %llu",
+		      (unsigned long long)thr_records);
+		/* RESTART while the CPU is not masked would throw records away: refused. */
+		CHECK(ioctl(s.fd, HRPERF_IOC_RESTART, &a) == -1 && errno == EINVAL,
+		      "RESTART of an unmasked PEBS CPU");
+	}
+	load_start(online_cpus());
+	CHECK(ioctl(s.fd, HRPERF_IOC_START) == 0, "START pebs");
+	end = now_ns() + (uint64_t)ms * 1000000;
+	while (now_ns() < end) {
+		struct pollfd p = { .fd = s.fd, .events = POLLIN };
+		int r = poll(&p, 1, 20);
+
+		CHECK(r >= 0, "poll");
+		wakeups += r > 0;
+		for (uint32_t i = 0; i < s.count; i++) {
+			const uint8_t *h = (const uint8_t *)hdr_of(&s, i) + PEBS_HDR;
+			struct hrperf_cpu_arg a = { .size = sizeof(a), .cpu = s.slots[i].cpu };
+
+			if (ld64(h, PEBS_H_THRESHOLD_HITS) == ld64(h, PEBS_H_RESTARTS))
+				continue;	/* still counting: its records are not complete */
+			CHECK(pebs_read(&s, i, &t[i]) == thr_records,
+			      "cpu %u: a full area holds %llu records", a.cpu,
+			      (unsigned long long)thr_records);
+			t[i].drains++;
+			t[i].full_drains++;
+			CHECK(ioctl(s.fd, HRPERF_IOC_RESTART, &a) == 0, "RESTART cpu %u", a.cpu);
+			/* The assist may write again at once: the index went back, not to base. */
+			CHECK(ld64(h, PEBS_H_RESTARTS) == t[i].full_drains &&
+			      ld64((const uint8_t *)hdr_of(&s, i) + PEBS_DS, PEBS_DS_INDEX) <
+			      ld64((const uint8_t *)hdr_of(&s, i) + PEBS_DS, PEBS_DS_THRESHOLD),
+			      "RESTART reset the DS index");
+		}
+	}
+	CHECK(ioctl(s.fd, HRPERF_IOC_STOP) == 0, "STOP");
+	load_stop();
+	stats(&s, st);
+	for (uint32_t i = 0; i < s.count; i++) {
+		const uint8_t *h = (const uint8_t *)hdr_of(&s, i) + PEBS_HDR;
+		uint64_t rest = pebs_read(&s, i, &t[i]);
+		uint64_t th = ld64(h, PEBS_H_THRESHOLD_HITS), rs = ld64(h, PEBS_H_RESTARTS);
+
+		printf("pebs-sim cpu %u: %llu records read in place (%llu full areas + %llu at stop), %llu threshold PMIs, %llu restarts, %llu copied, %llu lost, STATS overflows %llu masked %llu, counter bit %#llx\n",
+		       s.slots[i].cpu, (unsigned long long)t[i].records,
+		       (unsigned long long)t[i].full_drains, (unsigned long long)rest,
+		       (unsigned long long)th, (unsigned long long)rs,
+		       (unsigned long long)ld64(h, PEBS_H_COPIED),
+		       (unsigned long long)ld64(h, PEBS_H_LOST),
+		       (unsigned long long)st[i].overflows, (unsigned long long)st[i].masked,
+		       (unsigned long long)t[i].counter_bit);
+		CHECK(ld64(h, PEBS_H_COPIED) == 0, "the handler copied records");
+		CHECK(ld64(h, PEBS_H_LOST) == 0, "records lost");
+		CHECK(rs == t[i].full_drains && (th == rs || th == rs + 1), "threshold hits %llu, restarts %llu, drains %llu",
+		      (unsigned long long)th, (unsigned long long)rs,
+		      (unsigned long long)t[i].full_drains);
+		CHECK(st[i].overflows == ld64(h, PEBS_H_OVERFLOWS) && st[i].overflows == th,
+		      "PMIs dispatched %llu, handler calls %llu, threshold hits %llu",
+		      (unsigned long long)st[i].overflows,
+		      (unsigned long long)ld64(h, PEBS_H_OVERFLOWS), (unsigned long long)th);
+		CHECK(t[i].records == t[i].full_drains * thr_records + rest, "record accounting");
+		CHECK(t[i].full_drains >= 2, "cpu %u: too few threshold interrupts", s.slots[i].cpu);
+		CHECK(t[i].counter_bit == 1u << 3, "the highest free counter (GP3) was taken");
+		all += t[i].records;
+		hits += th;
+	}
+	session_close(&s);
+	printf("MEASURED pebs-sim: %llu adaptive records read in place over %u CPUs in %u ms (cpu-clock 100 us as the PEBS counter), %llu threshold PMIs, %u poll wakeups, 0 copied (TCG timing)\n",
+	       (unsigned long long)all, s.count, ms, (unsigned long long)hits, wakeups);
+	printf("ok: kernel zero-copy PEBS on the simulated PMU: records written into the mapped DS area, read in place, RESTART recycles, nothing copied or lost\n");
+}
+
+/*
+ * The simulated perf has PEBS events on CPU 1 (pebs_sim_busy=2): a session on every CPU
+ * is refused with EBUSY and INFO names CPU 1 and IA32_PEBS_ENABLE's value; a session on
+ * CPU 0 alone is fine. Two events are refused with EINVAL (BAD_EVENT).
+ */
+static void test_pebs_busy(void)
+{
+	struct hrperf_session_create c;
+	struct hrperf_module_info mi;
+	int fd = dev_open(), r;
+
+	memset(&c, 0, sizeof(c));
+	c.size = sizeof(c);
+	strcpy(c.format_name, "pebs");
+	c.mode = HRPERF_MODE_OVERFLOW;
+	c.nr_events = 1;
+	c.events[0].type = HRPERF_EVENT_TYPE_SOFTWARE;
+	c.events[0].config = PERF_COUNT_SW_CPU_CLOCK;
+	c.sample_period = 100000;
+	r = ioctl(fd, HRPERF_IOC_CREATE, &c);
+	CHECK(r == -1 && errno == EBUSY, "CREATE pebs with perf's PEBS on CPU 1: %d errno %d", r,
+	      errno);
+	mi = module_info();
+	CHECK(mi.pebs_refusal == HRPERF_PEBS_IN_USE && mi.pebs_refusal_cpu == 1 &&
+	      mi.pebs_refusal_value == 1, "INFO refusal %u cpu %u value %#llx", mi.pebs_refusal,
+	      mi.pebs_refusal_cpu, (unsigned long long)mi.pebs_refusal_value);
+	c.cpus.bits[0] = 1;
+	CHECK(ioctl(fd, HRPERF_IOC_CREATE, &c) == 0, "CREATE pebs on CPU 0 only");
+	CHECK(ioctl(fd, HRPERF_IOC_DESTROY) == 0, "DESTROY");
+	c.nr_events = 2;
+	c.events[1] = c.events[0];
+	r = ioctl(fd, HRPERF_IOC_CREATE, &c);
+	CHECK(r == -1 && errno == EINVAL, "CREATE pebs with two events: %d errno %d", r, errno);
+	CHECK(module_info().pebs_refusal == HRPERF_PEBS_BAD_EVENT, "INFO refusal BAD_EVENT");
+	close(fd);
+	printf("ok: pebs EBUSY where perf uses PEBS (INFO names CPU 1, IA32_PEBS_ENABLE 0x1), fine on CPU 0 alone; two events EINVAL\n");
 }
 
 /* The aggregate format's layout (formats/aggregate/src/layout.rs). */
@@ -831,11 +1085,6 @@ static void test_pebs(void)
 #define AGG_TABLE_HEADER 128
 #define AGG_SLOT 32
 #define AGG_CONTROL_MAGIC 0x3152474741505248ull	/* "HRPAGGR1" little endian */
-
-static uint64_t ld64(const uint8_t *p, uint64_t off)
-{
-	return __atomic_load_n((const uint64_t *)(p + off), __ATOMIC_ACQUIRE);
-}
 
 struct agg_tally {
 	uint64_t intervals, samples, other, keys, restarts;
@@ -1358,11 +1607,15 @@ int main(int argc, char **argv)
 		quick();
 	else if (!strcmp(what, "pebs"))
 		test_pebs();
+	else if (!strcmp(what, "pebs-sim"))
+		test_pebs_sim(a1 ? a1 : 1000);
+	else if (!strcmp(what, "pebs-busy"))
+		test_pebs_busy();
 	else if (!strcmp(what, "aggregate"))
 		test_aggregate(a1 ? a1 : 1000);
 	else if (!strcmp(what, "llc-stack"))
 		test_llc_stack(a1 ? a1 : 1000);
 	else
-		fail("usage: hrperf_test info|overflow|poll|instructed|mmap|busy-format|busy-core|abuse|quick|pebs|aggregate|llc-stack");
+		fail("usage: hrperf_test info|overflow|poll|instructed|mmap|busy-format|busy-core|abuse|quick|pebs|pebs-sim|pebs-busy|aggregate|llc-stack");
 	return 0;
 }

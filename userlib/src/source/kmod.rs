@@ -70,7 +70,10 @@ use hrperf_abi::ioctl::{
 use hrperf_abi::{
     fixed_name, name_bytes, BufferHeader, CpuMask, EventDesc, MAX_COUNTERS, MAX_CPUS,
 };
+use hrperf_abi::ioctl::pebs_state;
 use hrperf_engine::{Buffer, RingReader};
+use hrperf_fmt_pebs::assist::TscClock;
+use hrperf_fmt_pebs::format::PebsHeader;
 use hrperf_fmt_aggregate::consumer::{Access, AggView};
 
 use super::EventSpec;
@@ -153,6 +156,14 @@ pub enum KmodError {
     /// The configuration cannot be honoured.
     #[error("{0}")]
     Config(String),
+    /// The kernel refused a zero-copy PEBS session, and said why.
+    #[error("{message}")]
+    Pebs {
+        /// The errno of the refused CREATE.
+        errno: i32,
+        /// The kernel's reason, in a sentence.
+        message: String,
+    },
     /// The command to record could not be started.
     #[error("cannot run '{cmd}': {source}")]
     Command {
@@ -185,7 +196,7 @@ impl KmodError {
             KmodError::NotLoaded { .. } => Some(libc::ENOENT),
             KmodError::Permission { .. } => Some(libc::EACCES),
             KmodError::FormatNotRegistered { .. } => Some(libc::ENOENT),
-            KmodError::Daemon { errno, .. } => Some(*errno),
+            KmodError::Daemon { errno, .. } | KmodError::Pebs { errno, .. } => Some(*errno),
             KmodError::Ioctl { source, .. }
             | KmodError::Syscall { source, .. }
             | KmodError::Command { source, .. } => source.raw_os_error(),
@@ -197,7 +208,33 @@ impl KmodError {
 /// Most intervals one [`Session::drain_intervals`] reads from one CPU.
 const MAX_INTERVALS_PER_DRAIN: usize = 64;
 
-/// The CREATE of a `FMT_FL_PEBS` format (its `ENODEV` means "no PEBS-capable PMU").
+/// The CREATE of a `FMT_FL_PEBS` format refused: the kernel's reason from
+/// `HRPERF_IOC_INFO` (`pebs_refusal`, the CPU and MSR value it names), else the errno's.
+fn pebs_refused(e: io::Error, info: Option<ModuleInfo>) -> KmodError {
+    let Some(mi) = info.filter(|mi| mi.pebs_refusal != pebs_state::UNKNOWN) else {
+        return ioctl_error(PEBS_CREATE, e);
+    };
+    let what = pebs_state::text(mi.pebs_refusal);
+    let where_ = if mi.pebs_refusal_cpu == u32::MAX {
+        String::new()
+    } else {
+        format!(" on CPU {} ({:#x})", mi.pebs_refusal_cpu, mi.pebs_refusal_value)
+    };
+    let advice = match mi.pebs_refusal {
+        pebs_state::PEBS_IN_USE | pebs_state::NO_FREE_COUNTER => {
+            ": stop the perf session using the PMU there, or monitor other CPUs (-C)"
+        }
+        pebs_state::BAD_EVENT => ": e.g. -e cycles, or -e r01cd for load latency",
+        pebs_state::KPTI => "",
+        _ => ": use --source sim for a simulated PEBS PMU, or load hrperf-core.ko with pebs_sim=adaptive",
+    };
+    KmodError::Pebs {
+        errno: e.raw_os_error().unwrap_or(0),
+        message: format!("hrperf-core.ko refused zero-copy PEBS: {what}{where_}{advice}"),
+    }
+}
+
+/// The CREATE of a `FMT_FL_PEBS` format, named in errors.
 const PEBS_CREATE: &str = "HRPERF_IOC_CREATE (format pebs)";
 
 /// What a failed ioctl means, per command and errno (the kernel's contract in
@@ -461,20 +498,19 @@ impl Session {
                 registered: format_names(&formats),
             })?;
         let create = build_create(cfg, &module)?;
-        if format.flags & FMT_FL_PEBS != 0 {
-            // The kernel decides whether PEBS is usable (it detects the PMU itself): ask
-            // it first, so a machine without a PEBS-capable PMU gets that answer.
-            sys.ioctl(dev.fd, Ioctl::Create(&create))
-                .map_err(|e| ioctl_error(PEBS_CREATE, e))?;
-        }
-        if format.flags & (FMT_FL_RING | FMT_FL_INTERVALS) == 0 {
+        if format.flags & (FMT_FL_RING | FMT_FL_INTERVALS | FMT_FL_PEBS) == 0 {
             return Err(KmodError::Config(format!(
-                "format '{}' neither logs into a record ring nor publishes intervals; the kmod recorder reads ring and interval formats only",
+                "format '{}' neither logs into a record ring, publishes intervals nor holds PEBS records; the kmod recorder reads only those",
                 cfg.format
             )));
         }
-        sys.ioctl(dev.fd, Ioctl::Create(&create))
-            .map_err(|e| ioctl_error("HRPERF_IOC_CREATE", e))?;
+        if let Err(e) = sys.ioctl(dev.fd, Ioctl::Create(&create)) {
+            if format.flags & FMT_FL_PEBS != 0 {
+                // The kernel decides whether PEBS is usable: it says why in INFO.
+                return Err(pebs_refused(e, dev.info().ok()));
+            }
+            return Err(ioctl_error("HRPERF_IOC_CREATE", e));
+        }
         let mode = if create.mode == MODE_DEFAULT {
             module.default_mode
         } else {
@@ -614,6 +650,12 @@ impl Session {
         self.format.flags & FMT_FL_INTERVALS != 0
     }
 
+    /// Whether the format is zero-copy PEBS (`FMT_FL_PEBS`): the buffers hold the DS area
+    /// and the records the PMU writes.
+    pub fn has_pebs(&self) -> bool {
+        self.format.flags & FMT_FL_PEBS != 0
+    }
+
     /// The monitored CPUs, in buffer order.
     pub fn cpus(&self) -> Vec<u32> {
         self.slots.iter().map(|s| s.cpu).collect()
@@ -748,6 +790,12 @@ impl Session {
             self.agg_view(i)?;
             return Ok(());
         }
+        if self.has_pebs() {
+            return match hrperf_fmt_pebs::format::read_header(&buf) {
+                Some(_) => Ok(()),
+                None => bad("no consistent PEBS header (format pebs of another version?)".into()),
+            };
+        }
         RingReader::new(&buf).map_err(|e| KmodError::Buffer {
             cpu,
             what: e.to_string(),
@@ -848,6 +896,68 @@ impl Session {
         self.sys
             .ioctl(self.dev.fd, Ioctl::Restart(&a))
             .map_err(|e| ioctl_error("HRPERF_IOC_RESTART", e))
+    }
+
+    /// PEBS formats: the format's header of the `i`-th CPU's buffer (threshold hits,
+    /// restarts, records copied...).
+    pub fn pebs_header(&self, i: usize) -> Result<PebsHeader, KmodError> {
+        let (cpu, buf) = self.buffer(i)?;
+        hrperf_fmt_pebs::format::read_header(&buf).ok_or_else(|| KmodError::Buffer {
+            cpu,
+            what: "the PEBS header became inconsistent".into(),
+        })
+    }
+
+    /// PEBS formats: whether the `i`-th CPU reached its threshold and waits, masked, for
+    /// its records to be read and RESTART (threshold interrupts > restarts).
+    pub fn pebs_waiting(&self, i: usize) -> Result<bool, KmodError> {
+        let h = self.pebs_header(i)?;
+        Ok(h.threshold_hits > h.restarts)
+    }
+
+    /// PEBS formats: wraps every record between the DS area's base and index of the
+    /// `i`-th CPU's buffer, read in place, into a capture record appended to `chunk`
+    /// (cleared first). Call it only for a CPU that is not counting (masked at the
+    /// threshold, or the session stopped), and RESTART it afterwards if it was masked.
+    /// Returns the CPU and the number of records.
+    pub fn drain_pebs(&self, i: usize, chunk: &mut Vec<u8>, flags: u32) -> Result<(u32, u64), KmodError> {
+        chunk.clear();
+        let (cpu, buf) = self.buffer(i)?;
+        let khz = u64::from(self.module.tsc_khz);
+        let clock = (khz != 0).then_some(TscClock {
+            tsc_hz: khz * 1000,
+            tsc_base: 0,
+            time_base: 0,
+        });
+        let st = hrperf_fmt_pebs::assist::drain(&buf, cpu, flags, clock, |rec| chunk.extend_from_slice(rec))
+            .map_err(|e| KmodError::Buffer {
+                cpu,
+                what: format!("PEBS record area: {e:?}"),
+            })?;
+        if st.undecodable > 0 {
+            return Err(KmodError::Buffer {
+                cpu,
+                what: format!("{} bytes of the PEBS record area do not decode", st.undecodable),
+            });
+        }
+        Ok((cpu, st.records))
+    }
+
+    /// PEBS formats: if the kernel stopped PEBS on a CPU during the session because perf
+    /// took the counter or DS area back (INFO's last refusal became a conflict), says so.
+    pub fn pebs_conflict_note(&self) -> Option<String> {
+        let now = self.dev.info().ok()?;
+        let before = &self.module;
+        let changed = (now.pebs_refusal, now.pebs_refusal_cpu, now.pebs_refusal_value)
+            != (before.pebs_refusal, before.pebs_refusal_cpu, before.pebs_refusal_value);
+        (changed && now.pebs_refusal == pebs_state::CONFLICT).then(|| {
+            format!(
+                "PEBS stopped on CPU {} during the recording: {} ({:#x}); its records up to then are kept",
+                now.pebs_refusal_cpu,
+                pebs_state::text(pebs_state::CONFLICT),
+                now.pebs_refusal_value
+            )
+        })
     }
 
     /// A snapshot of every buffer's header (records, drops, overflows, ...).

@@ -16,6 +16,13 @@
 //! - interval formats (`FMT_FL_INTERVALS`, aggregate: [`FakeKmod::register`] it):
 //!   RESTART switches intervals, CONSUME with `tail` = an interval's sequence number
 //!   acknowledges it ([`FakeKmod::acks`] lists them), as `core-kmod/kmod/session.rs`;
+//! - zero-copy PEBS formats (`FMT_FL_PEBS`: [`FakeKmod::register`] `PEBS_OPS`, then
+//!   [`FakeKmod::set_pebs`]): CREATE fills the argument's PMU fields as hrperf-core does
+//!   (or refuses with the state's errno and reason in INFO, or with the reason given to
+//!   [`FakeKmod::refuse_pebs`]); each overflow is a PEBS assist (`assist::assist`, GP0)
+//!   into the mapped DS area unless the CPU is masked; reaching the threshold is the
+//!   PMI dispatched to the format; RESTART is refused on an unmasked CPU and
+//!   acknowledges the notification;
 //! - children are scripted ([`FakeChild`]): they run for a virtual time, may issue
 //!   ioctls on the descriptor they inherited, and exit with a given status;
 //! - failures are injected per ioctl ([`FakeKmod::fail`]) or for `open`.
@@ -31,12 +38,15 @@ use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard};
 
 use hrperf_abi::format::{
-    FormatOps, SessionParams, CTRL_NOTIFY, CTRL_SWITCH, FMT_FL_INTERVALS, MODE_INSTRUCTED, MODE_OVERFLOW, MODE_POLL, SAMPLE_INSTRUCTED,
-    SAMPLE_OVERFLOW, SAMPLE_POLL,
+    FormatOps, SessionParams, CTRL_NOTIFY, CTRL_SWITCH, FMT_FL_INTERVALS, FMT_FL_PEBS, MODE_INSTRUCTED, MODE_OVERFLOW, MODE_POLL,
+    SAMPLE_INSTRUCTED, SAMPLE_OVERFLOW, SAMPLE_POLL,
 };
 use hrperf_abi::ioctl::{
-    BufferSlot, CpuStats, FormatInfo, ModuleInfo, IOCTL_ABI_VERSION, MODE_DEFAULT,
+    pebs_state, BufferSlot, CpuStats, FormatInfo, ModuleInfo, IOCTL_ABI_VERSION, MODE_DEFAULT,
 };
+use hrperf_fmt_pebs::ds::Counter;
+use hrperf_fmt_pebs::format::{parse_arg, PebsArg, ARG_FL_PMU_PRESENT};
+use hrperf_fmt_pebs::layout::PebsSample;
 use hrperf_abi::{CpuMask, Services, MAX_COUNTERS};
 use hrperf_engine::{
     Buffer, CounterConfig, CpuSession, Format, Registry, RingReader, Sample, Selector, Session,
@@ -149,6 +159,8 @@ struct FakeSession {
     running: bool,
     last_ns: u64,
     next_due: u64,
+    /// A zero-copy PEBS format: overflows are PEBS assists.
+    pebs: bool,
 }
 
 #[derive(Default)]
@@ -189,6 +201,8 @@ struct State {
     acks: Vec<(u32, u64)>,
     /// RESTARTs that switched an interval format's CPU: cpu.
     switches: Vec<u32>,
+    /// The next PEBS CREATE is refused: (pebs_state, cpu, value).
+    pebs_refusal: Option<(u32, u32, u64)>,
 }
 
 // SAFETY: the raw pointers inside (format tables, fake memory) point to `'static`
@@ -256,6 +270,7 @@ impl FakeKmod {
                 ips: 1,
                 acks: Vec::new(),
                 switches: Vec::new(),
+                pebs_refusal: None,
             }),
         }
     }
@@ -281,6 +296,21 @@ impl FakeKmod {
     }
 
     /// Registers another format (as if its fmt-*.ko were loaded), e.g.
+    /// PEBS as the module would report it in INFO: `pebs_state` and the format word
+    /// (the TSC of the simulated PMU is ns: 1 GHz).
+    pub fn set_pebs(&self, state: u32, format: u32) {
+        let mut st = self.lock();
+        st.module.pebs_state = state;
+        st.module.pebs_format = format;
+        st.module.tsc_khz = 1_000_000;
+    }
+
+    /// The next PEBS CREATE is refused as hrperf-core refuses: `state`'s errno, and the
+    /// reason, CPU and MSR value in INFO.
+    pub fn refuse_pebs(&self, state: u32, cpu: u32, value: u64) {
+        self.lock().pebs_refusal = Some((state, cpu, value));
+    }
+
     /// `hrperf_fmt_aggregate::AGGREGATE_OPS`.
     pub fn register(&self, ops: &'static FormatOps) {
         let _ = self.lock().registry.register_static(ops);
@@ -437,9 +467,28 @@ impl State {
                 nr: sess.nr as u32,
                 raw: sess.raw[i],
             };
+            sess.ticks[i] += 1;
+            if sess.pebs && kind == SAMPLE_OVERFLOW {
+                // The PEBS counter overflowed: the assist writes a record; only the
+                // threshold raises the PMI. A masked CPU's counter does not count.
+                if sess.cpu[i].is_masked() {
+                    continue;
+                }
+                let rec = PebsSample {
+                    eventing_ip: sample.ip,
+                    data_addr: 0x7ff0_0000_0000 + sess.ticks[i] * 64,
+                    data_source: 1,
+                    latency: 5,
+                    tsc: sample.time_ns,
+                    ..PebsSample::default()
+                };
+                match hrperf_fmt_pebs::assist::assist(&mut buf, Counter::Gp(0), &rec) {
+                    Ok(out) if out.pmi => {}
+                    _ => continue,
+                }
+            }
             let ctrl = sess.cpu[i].dispatch(&mut buf, &sample, &Services::NONE);
             notify |= ctrl & (CTRL_NOTIFY | CTRL_SWITCH) != 0;
-            sess.ticks[i] += 1;
         }
         notify
     }
@@ -651,6 +700,7 @@ impl State {
             .registry
             .acquire(Selector::from_fields(&c.format_name, c.format_uuid))
             .map_err(|_| errno(libc::ENOENT))?;
+        let pebs = format.flags() & FMT_FL_PEBS != 0;
         let params = SessionParams {
             size: size_of::<SessionParams>() as u32,
             mode,
@@ -681,6 +731,21 @@ impl State {
             // (`build_create` points it at `KmodConfig::format_arg`).
             unsafe { std::slice::from_raw_parts(c.fmt_arg as *const u8, arg_len) }
         };
+        let pebs_arg;
+        let arg = if pebs {
+            match self.pebs_create(arg, nr) {
+                Ok(a) => {
+                    pebs_arg = a;
+                    &pebs_arg[..]
+                }
+                Err(e) => {
+                    let _ = self.registry.release(format);
+                    return Err(e);
+                }
+            }
+        } else {
+            arg
+        };
         let session = match Session::new(format, &params, arg, &counters) {
             Ok(s) => s,
             Err(e) => {
@@ -708,6 +773,7 @@ impl State {
             running: false,
             last_ns: self.now,
             next_due: u64::MAX,
+            pebs,
         };
         for (i, &cpu) in cpus.iter().enumerate() {
             let Some(mut buf) = self.buffer(&sess, i) else {
@@ -722,6 +788,28 @@ impl State {
             f.session = Some(sess);
         }
         Ok(())
+    }
+
+    /// A PEBS CREATE: refused (INFO then says why), or the argument with the PMU fields
+    /// the module detected.
+    fn pebs_create(&mut self, arg: &[u8], nr: usize) -> io::Result<[u8; hrperf_fmt_pebs::format::PEBS_ARG_SIZE]> {
+        let refusal = match (self.pebs_refusal.take(), self.module.pebs_state) {
+            (Some(r), _) => Some(r),
+            (None, pebs_state::HARDWARE | pebs_state::SIMULATED) if nr != 1 => Some((pebs_state::BAD_EVENT, u32::MAX, 0)),
+            (None, pebs_state::HARDWARE | pebs_state::SIMULATED) => None,
+            (None, state) => Some((state, u32::MAX, 0)),
+        };
+        if let Some((state, cpu, value)) = refusal {
+            self.module.pebs_refusal = state;
+            self.module.pebs_refusal_cpu = cpu;
+            self.module.pebs_refusal_value = value;
+            return Err(errno(pebs_state::errno(state)));
+        }
+        let mut a = if arg.is_empty() { PebsArg::new() } else { parse_arg(arg).map_err(errno)? };
+        a.flags |= ARG_FL_PMU_PRESENT;
+        a.pebs_format = self.module.pebs_format;
+        a.counter_width = 48;
+        Ok(a.to_bytes())
     }
 
     /// DESTROY (and close): stop, exit each CPU, give the format back; the memory
@@ -791,6 +879,10 @@ impl State {
                         if a.cpu != u32::MAX && sess.cpus[i] != a.cpu {
                             continue;
                         }
+                        if sess.pebs && !sess.cpu[i].is_masked() {
+                            // Its PMU still writes records: a reset would lose them.
+                            return Err(errno(libc::EINVAL));
+                        }
                         let mut buf = st.buffer(sess, i).ok_or_else(|| errno(libc::EFAULT))?;
                         let ctrl = sess.cpu[i]
                             .restart(&mut buf)
@@ -799,11 +891,15 @@ impl State {
                             switched.push(sess.cpus[i]);
                         }
                     }
-                    Ok(switched)
+                    Ok((switched, sess.pebs))
                 })?;
-                if !switched.is_empty() {
-                    if let Some(f) = self.files.get_mut(&fd) {
+                let (switched, pebs) = switched;
+                if let Some(f) = self.files.get_mut(&fd) {
+                    if !switched.is_empty() {
                         f.notified = true;
+                    } else if pebs {
+                        // RESTART is the PEBS reader's answer to NOTIFY.
+                        f.notified = false;
                     }
                 }
                 self.switches.extend(switched);

@@ -50,11 +50,13 @@ use hrperf_abi::format::FMT_FL_STACKS;
 use hrperf_abi::ioctl::CpuStats;
 use hrperf_fmt_aggregate::record::parse_entry;
 use hrperf_fmt_llc_stack::record::StackRecord;
+use hrperf_fmt_pebs::record::FL_SIMULATED;
+use hrperf_fmt_pebs::PebsFormat;
 
 use super::sys::{wall_ns, HeldChild};
 use super::{ioctl_error, KmodConfig, KmodError, KmodSys, Session, ENV_FD};
 use crate::capture::{CaptureMeta, Writer};
-use crate::record::{AggCpuSummary, Live, RecordSummary, DEFAULT_SWITCH_INTERVAL_NS};
+use crate::record::{AggCpuSummary, Live, PebsCpuSummary, RecordSummary, DEFAULT_SWITCH_INTERVAL_NS};
 use crate::symsnap::SymbolSnapshots;
 
 /// Reader wake-up interval when the format sends no NOTIFY (ms).
@@ -102,6 +104,8 @@ pub struct Recorder<W: Write> {
     switch_every_ns: u64,
     /// When the intervals were last closed (`KmodSys::now_ns`).
     last_switch_ns: u64,
+    /// PEBS formats: per-CPU accounting, in buffer order (empty otherwise).
+    pebs: Vec<PebsCpuSummary>,
 }
 
 /// The capture metadata of a session.
@@ -113,7 +117,8 @@ pub fn capture_meta(session: &Session, command: &[String], host_info: bool) -> C
         format_version: f.version,
         source: SOURCE_KMOD,
         clock: CLOCK_PERF,
-        tsc_hz: 0,
+        // PEBS records carry the TSC (the simulated PMU's counts local_clock() ns).
+        tsc_hz: if session.has_pebs() { u64::from(session.module_info().tsc_khz) * 1000 } else { 0 },
         mode: session.mode(),
         sample_period: session.sample_period(),
         poll_interval_ns: session.poll_interval_ns(),
@@ -169,6 +174,11 @@ impl<W: Write> Recorder<W> {
         } else {
             Vec::new()
         };
+        let pebs = if session.has_pebs() {
+            session.cpus().into_iter().map(|cpu| PebsCpuSummary { cpu, ..PebsCpuSummary::default() }).collect()
+        } else {
+            Vec::new()
+        };
         if session.format().flags & FMT_FL_STACKS != 0 {
             let mut snap = SymbolSnapshots::new();
             notes.extend(snap.write_kallsyms(&mut writer)?);
@@ -188,6 +198,7 @@ impl<W: Write> Recorder<W> {
             agg,
             switch_every_ns: DEFAULT_SWITCH_INTERVAL_NS,
             last_switch_ns: 0,
+            pebs,
         })
     }
 
@@ -257,7 +268,10 @@ impl<W: Write> Recorder<W> {
                 total += self.close_intervals()?;
             }
         }
-        let ring_slots = if self.agg.is_empty() {
+        if !self.pebs.is_empty() {
+            total += self.drain_pebs(false)?;
+        }
+        let ring_slots = if self.agg.is_empty() && self.pebs.is_empty() {
             self.session.slots.len()
         } else {
             0
@@ -283,6 +297,35 @@ impl<W: Write> Recorder<W> {
             let stats = self.session.stats()?;
             self.writer.write_stats(&stats)?;
             self.writer.flush()?;
+        }
+        Ok(total)
+    }
+
+    /// PEBS formats: moves the records of every CPU that is not counting into the
+    /// capture, read in place: CPUs masked at their threshold (then RESTART), or every
+    /// CPU once the session is stopped (`all`). A CPU still counting is left alone:
+    /// resetting its index would lose the records its PMU is writing.
+    fn drain_pebs(&mut self, all: bool) -> Result<u64, KmodError> {
+        let word = PebsFormat(self.session.module_info().pebs_format);
+        let flags = if word.has(PebsFormat::SIMULATED) { FL_SIMULATED } else { 0 };
+        let mut total = 0;
+        for i in 0..self.pebs.len() {
+            let waiting = self.session.pebs_waiting(i)?;
+            if !all && !waiting {
+                continue;
+            }
+            let (cpu, n) = self.session.drain_pebs(i, &mut self.chunk, flags)?;
+            if n > 0 {
+                self.writer.write_chunk(cpu, &self.chunk, n)?;
+            }
+            if waiting && !all {
+                self.session.restart_cpu(i)?;
+            }
+            if let Some(p) = self.pebs.get_mut(i) {
+                p.records += n;
+                p.drains += u64::from(n > 0);
+            }
+            total += n;
         }
         Ok(total)
     }
@@ -363,7 +406,19 @@ impl<W: Write> Recorder<W> {
             Err(e) => return Err(e),
         }
         self.stopped_ns.get_or_insert_with(|| self.sys.now_ns());
-        if self.agg.is_empty() {
+        if !self.pebs.is_empty() {
+            // Stopped: no CPU counts any more, every record is final.
+            self.drain_pebs(true)?;
+            for i in 0..self.pebs.len() {
+                let h = self.session.pebs_header(i)?;
+                if let Some(p) = self.pebs.get_mut(i) {
+                    p.header = h;
+                }
+            }
+            if let Some(note) = self.session.pebs_conflict_note() {
+                self.notes.push(note);
+            }
+        } else if self.agg.is_empty() {
             self.drain()?;
         } else {
             // The active intervals too: every dispatched sample ends in the capture.
@@ -379,6 +434,7 @@ impl<W: Write> Recorder<W> {
                 .map_or(0, |st| st.overflows);
             s.aggregate.push(a);
         }
+        s.pebs = std::mem::take(&mut self.pebs);
         s.stacks = self.stacks;
         s.notes = std::mem::take(&mut self.notes);
         s.exit_status = exit_status;

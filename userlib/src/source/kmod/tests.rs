@@ -790,3 +790,124 @@ fn interval_drain_reads_a_full_table_switch_and_acks_it() {
     drop(s);
     assert_clean(&sys);
 }
+
+/// The fake with the PEBS format registered and the simulated PMU reported by INFO.
+fn pebs_fake() -> Arc<FakeKmod> {
+    use hrperf_fmt_pebs::{Layout, PebsFormat, PEBS_OPS};
+    let sys = fake();
+    sys.register(&PEBS_OPS);
+    sys.set_pebs(
+        hrperf_abi::ioctl::pebs_state::SIMULATED,
+        PebsFormat::simulated_for(Layout::Adaptive).0,
+    );
+    sys
+}
+
+fn pebs_config(data_cfg: u64, area_size: u64) -> KmodConfig {
+    let mut config = cfg("cpu-clock", Mode::Overflow { period: 100_000 });
+    config.format = "pebs".into();
+    let mut arg = hrperf_fmt_pebs::PebsArg::new();
+    arg.data_cfg = data_cfg;
+    arg.area_size = area_size;
+    config.format_arg = arg.to_bytes().to_vec();
+    config
+}
+
+/// Zero-copy PEBS through the kmod recorder: CPUs masked at their threshold are read
+/// in place and restarted, the rest is read once the session stopped; every record the
+/// assist wrote is in the capture exactly once, decodes, and carries the simulated flag
+/// and its time; the handler copied nothing.
+#[test]
+fn records_pebs_in_place_restarting_only_masked_cpus() {
+    use hrperf_fmt_pebs::layout::DATACFG_MEMINFO;
+    use hrperf_fmt_pebs::record::{self as prec, FL_SIMULATED, FL_TIME};
+    let sys = pebs_fake();
+    let dir = tempfile::tempdir().unwrap();
+    sys.push_child(FakeChild {
+        run_ns: 50_000_000,
+        ..FakeChild::default()
+    });
+    // 4 KiB of 64-byte records (basic + meminfo): 64 records, the PMI at 63.
+    let opts = KmodRecordOptions {
+        config: pebs_config(DATACFG_MEMINFO, 4096),
+        command: vec!["work".into()],
+        ..KmodRecordOptions::default()
+    };
+    let (path, s) = record(&sys, &opts, dir.path());
+    let r = Reader::open(&path).unwrap();
+    assert_eq!(r.meta().format_name, "pebs");
+    assert_eq!(r.meta().tsc_hz, 1_000_000_000, "the simulated TSC counts ns");
+    let mut per_cpu = [0u64; 2];
+    let mut last_time = [0u64; 2];
+    for chunk in &mut r.chunks() {
+        for rec in chunk.unwrap().records() {
+            let rec = rec.unwrap();
+            let p = prec::parse(rec.bytes).unwrap();
+            assert_eq!(p.prefix.flags, FL_SIMULATED | FL_TIME);
+            let cpu = p.prefix.cpu as usize;
+            assert!(p.prefix.time_ns >= last_time[cpu], "time goes forward per CPU");
+            last_time[cpu] = p.prefix.time_ns;
+            assert_eq!(p.pebs.mem.map(|m| (m.data_source, m.latency)), Some((1, 5)));
+            assert_eq!(p.pebs.tsc, Some(p.prefix.time_ns), "TSC ns at 1 GHz is the time");
+            per_cpu[cpu] += 1;
+        }
+    }
+    // 50 ms at one overflow per 100 µs: 500 assists per CPU, none lost while masked
+    // (the reader answers each NOTIFY at once in virtual time).
+    assert_eq!(per_cpu, [500, 500]);
+    assert_eq!(s.pebs.len(), 2);
+    for p in &s.pebs {
+        assert_eq!(p.records, 500);
+        assert_eq!(p.header.records_copied, 0);
+        assert_eq!(p.header.lost, 0);
+        // 7 full areas (7 × 63 = 441), restarted; 59 records read after STOP.
+        assert_eq!((p.header.threshold_hits, p.header.restarts), (7, 7));
+        assert_eq!(p.drains, 8);
+        let st = s.per_cpu.iter().find(|c| c.cpu == p.cpu).unwrap();
+        assert_eq!(st.overflows, 7, "only threshold PMIs reach the handler");
+    }
+    let restarts = sys.calls().iter().filter(|c| *c == "HRPERF_IOC_RESTART").count();
+    assert_eq!(restarts, 14);
+    assert_clean(&sys);
+}
+
+/// A refused PEBS CREATE says why, from INFO: the kernel's reason, the CPU and MSR
+/// value it names, and what to do; the errno is kept.
+#[test]
+fn pebs_refusals_name_the_kernels_reason() {
+    use hrperf_abi::ioctl::pebs_state;
+    let err = |sys: &Arc<FakeKmod>, config: &KmodConfig| {
+        match Session::create(sys.clone(), config) {
+            Ok(_) => panic!("CREATE accepted"),
+            Err(e) => e,
+        }
+    };
+    let sys = pebs_fake();
+    sys.set_pebs(pebs_state::NO_PMU, 0);
+    let e = err(&sys, &pebs_config(0, 0));
+    let s = e.to_string();
+    assert!(s.contains("refused zero-copy PEBS: no hardware PMU"), "{s}");
+    assert!(s.contains("--source sim") && !s.contains('\n'), "{s}");
+    assert_eq!(e.errno(), Some(libc::ENODEV));
+
+    let sys = pebs_fake();
+    sys.refuse_pebs(pebs_state::PEBS_IN_USE, 1, 0x1);
+    let e = err(&sys, &pebs_config(0, 0));
+    let s = e.to_string();
+    assert!(s.contains("perf is using PEBS on that CPU") && s.contains("on CPU 1 (0x1)"), "{s}");
+    assert_eq!(e.errno(), Some(libc::EBUSY));
+
+    let sys = pebs_fake();
+    sys.set_pebs(pebs_state::KPTI, 0);
+    let e = err(&sys, &pebs_config(0, 0));
+    assert!(e.to_string().contains("pti=off"), "{e}");
+    assert_eq!(e.errno(), Some(libc::EOPNOTSUPP));
+
+    let sys = pebs_fake();
+    let mut two = pebs_config(0, 0);
+    two.events = parse_events("cpu-clock,page-faults").unwrap();
+    let e = err(&sys, &two);
+    assert!(e.to_string().contains("exactly one raw (rNNNN) or generic hardware event"), "{e}");
+    assert_eq!(e.errno(), Some(libc::EINVAL));
+    assert_clean(&sys);
+}

@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use hrperf_engine::Buffer;
 use hrperf_fmt_pebs::assist::{self, AssistOutcome};
-use hrperf_fmt_pebs::datasrc::{DseTable, DsrcKind};
+use hrperf_fmt_pebs::datasrc::DsrcKind;
 use hrperf_fmt_pebs::ds::Counter;
 use hrperf_fmt_pebs::format::{PebsArg, ARG_FL_PMU_PRESENT, POLICY_AUTO};
 use hrperf_fmt_pebs::layout::{self, Gprs, LbrEntry, PebsSample};
@@ -90,13 +90,7 @@ impl PebsConfig {
     /// that generation (Nehalem without TLB bits, Sandy Bridge for Haswell, Skylake for
     /// Skylake and adaptive), and the `simulated` bit.
     pub fn pebs_format(&self) -> PebsFormat {
-        let (table, extra) = match self.layout {
-            Layout::Core => (DseTable::None, 0),
-            Layout::Nehalem => (DseTable::Nehalem, PebsFormat::NO_TLB),
-            Layout::Haswell => (DseTable::SandyBridge, 0),
-            Layout::Skylake | Layout::Adaptive => (DseTable::Skylake, 0),
-        };
-        PebsFormat(PebsFormat::simulated(self.layout, table).0 | extra)
+        PebsFormat::simulated_for(self.layout)
     }
 
     /// Checks the configuration (the format checks it again in `validate`).
