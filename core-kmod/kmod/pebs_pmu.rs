@@ -209,6 +209,8 @@ impl Support {
             .and_then(|c| coexist::event_select(c, user, kern))
             .ok_or_else(|| self.refuse(Refusal::BadEvent, u32::MAX))?;
         let mut a = if arg.is_empty() { PebsArg::new() } else { parse_arg(arg).map_err(|e| Error::from_errno(-e))? };
+        // Only the load-latency event has a latency threshold (and records a latency).
+        a.ld_lat_threshold = coexist::load_latency_for(event, a.ld_lat_threshold);
         a.flags |= ARG_FL_PMU_PRESENT;
         a.pebs_format = kernel.format.0;
         a.counter_width = kernel.counter_width;

@@ -204,6 +204,21 @@ pub fn check_owned<M: PebsMsrs + ?Sized>(m: &mut M, p: &PebsProgram, masked: boo
     Ok(())
 }
 
+/// MEM_TRANS_RETIRED.LOAD_LATENCY (event 0xcd, umask 0x01): the load-latency event, the
+/// only one MSR_PEBS_LD_LAT_THRESHOLD (and, before PMU v5, the load-latency enable bit
+/// of IA32_PEBS_ENABLE) applies to, as perf's `PERF_X86_EVENT_PEBS_LDLAT` events.
+pub const LOAD_LATENCY_EVENT: u64 = 0x01cd;
+
+/// The load-latency threshold to program for event select `sel`: `ld_lat` for the
+/// load-latency event, 0 (none) for any other.
+pub const fn load_latency_for(sel: u64, ld_lat: u32) -> u32 {
+    if sel & (evtsel::EVENT | evtsel::UMASK) == LOAD_LATENCY_EVENT {
+        ld_lat
+    } else {
+        0
+    }
+}
+
 /// PERFEVTSELx bits a raw event may set (`X86_RAW_EVENT_MASK` on Intel): event, unit
 /// mask, edge, invert, counter mask.
 pub const RAW_EVENT_MASK: u64 = evtsel::EVENT | evtsel::UMASK | evtsel::EDGE | evtsel::INV | evtsel::CMASK;
@@ -381,6 +396,9 @@ mod tests {
         );
         assert_eq!(event_select(0x0100_003c | evtsel::EDGE | evtsel::INV, false, true), Some(0x0100_003c | evtsel::EDGE | evtsel::INV | evtsel::OS));
         assert_eq!(event_select(0xff00, true, true), None, "no event code");
+        assert_eq!(load_latency_for(event_select(0x01cd, true, false).unwrap(), 30), 30);
+        assert_eq!(load_latency_for(event_select(0x003c, true, true).unwrap(), 30), 0, "cycles: no load latency");
+        assert_eq!(load_latency_for(event_select(0x02cd, true, true).unwrap(), 30), 0, "precise stores");
         assert_eq!(event_select(0xc0, false, false), None);
     }
 }

@@ -372,6 +372,11 @@ const RECORD_EXAMPLES: &str = "EXAMPLES:
   hrperf record --format aggregate --agg-key stack -e cpu-clock -c 100000 -- ./app
   # PEBS through perf's precise sampling (needs a PEBS-capable PMU):
   hrperf record --source perf --format pebs -e cycles -c 10000 -- ./app
+  # zero-copy PEBS in the kernel (insmod fmt-pebs.ko): the CPU's PEBS, a raw or generic
+  # hardware event; `hrperf status` says whether the module can use PEBS and why not:
+  hrperf record --source kmod --format pebs -e r01cd -c 20000 --pebs-ld-lat 30 -- ./app
+  # the kernel's simulated PEBS PMU (insmod hrperf-core.ko pebs_sim=adaptive):
+  hrperf record --source kmod --format pebs --pebs-data-cfg meminfo+gpr -- ./app
 
 The live line on stderr shows records written and drops; drops are never silent: they
 are counted per CPU in the capture and shown by `hrperf info` and `hrperf decode`.
@@ -472,7 +477,8 @@ pub struct RecordArgs {
     #[arg(long, value_enum, default_value_t = WorkloadKind::Phases, help_heading = "Simulated PMU (--source sim)")]
     pub workload: WorkloadKind,
     /// PEBS (--format pebs): record layout the simulated CPU writes: fmt0 (Core 2), fmt1
-    /// (Nehalem), fmt2 (Haswell), fmt3 (Skylake) or adaptive (Ice Lake+).
+    /// (Nehalem), fmt2 (Haswell), fmt3 (Skylake) or adaptive (Ice Lake+). sim only: with
+    /// --source kmod the kernel detects it (its simulated PMU: pebs_sim= at insmod).
     #[arg(long, value_name = "FMT", default_value = "adaptive", help_heading = "PEBS (--format pebs)")]
     pub pebs_format: String,
     /// PEBS: adaptive groups (MSR_PEBS_DATA_CFG), joined by '+': basic, meminfo, gpr,
