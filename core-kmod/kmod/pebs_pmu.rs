@@ -359,15 +359,12 @@ pub(crate) enum Pmi {
 impl PebsCpu {
     /// START on this CPU: programs PEBS. Errors leave nothing programmed.
     pub(crate) fn arm(&mut self, cpu: u32) -> core::result::Result<(), Refusal> {
-        let Some(p) = self.prog else { return Err(Refusal::NoFreeCounter(0)) };
+        let (Some(p), Some(i)) = (self.prog, self.prog.as_ref().and_then(gp_index)) else {
+            return Err(Refusal::NoFreeCounter(0));
+        };
         // perf may have taken the counter or started PEBS since CREATE (or a pause).
-        coexist::claim(&mut self.msrs, p.counter_index() + 1)
-            .and_then(|i| if i == p.counter_index() { Ok(()) } else { Err(Refusal::NoFreeCounter(0)) })
-            .map_err(|r| {
-                note_refusal(r, cpu);
-                r
-            })?;
-        self.saved = ds::program(&mut self.msrs, &p).map_err(|_| Refusal::BadEvent)?;
+        coexist::check_free(&mut self.msrs, i).inspect_err(|&r| note_refusal(r, cpu))?;
+        self.saved = ds::program(&mut self.msrs, &p).map_err(|_| Refusal::NoFreeCounter(0))?;
         if self.msrs.faults() != 0 {
             let _ = ds::stop(&mut self.msrs, &p, &self.saved);
             return Err(Refusal::MsrUnreadable);
@@ -462,8 +459,9 @@ impl PebsCpu {
         dispatch: impl FnOnce(&mut Buffer<'_>) -> u32,
     ) -> Option<Pmi> {
         let (Msrs::Sim(m), Some(p)) = (&mut self.msrs, self.prog) else { return None };
-        let bit = 1u64 << p.counter_index();
-        let counting = m.get(msr::IA32_PERFEVTSEL0 + p.counter_index()) & ds::evtsel::EN != 0
+        let i = gp_index(&p)?;
+        let bit = 1u64 << i;
+        let counting = m.get(msr::IA32_PERFEVTSEL0 + i) & ds::evtsel::EN != 0
             && m.get(msr::IA32_PEBS_ENABLE) & bit != 0
             && m.get(msr::IA32_PERF_GLOBAL_CTRL) & bit != 0
             && m.get(msr::IA32_DS_AREA) == p.ds_area;
@@ -498,17 +496,12 @@ fn sim_sample(o: &OverflowInfo, ld_lat: u32) -> PebsSample {
     }
 }
 
-trait CounterIndex {
-    fn counter_index(&self) -> u32;
-}
-
-impl CounterIndex for PebsProgram {
-    /// The GP counter's index (hrperf-core takes GP counters only: perf rewrites
-    /// IA32_FIXED_CTR_CTRL on every PMU enable).
-    fn counter_index(&self) -> u32 {
-        match self.counter {
-            Counter::Gp(i) | Counter::Fixed(i) => i,
-        }
+/// The general-purpose counter `p` programs (hrperf-core takes GP counters only: perf
+/// rewrites IA32_FIXED_CTR_CTRL on every PMU enable).
+fn gp_index(p: &PebsProgram) -> Option<u32> {
+    match p.counter {
+        Counter::Gp(i) => Some(i),
+        Counter::Fixed(_) => None,
     }
 }
 

@@ -180,6 +180,20 @@ pub fn claim<M: PebsMsrs + ?Sized>(m: &mut M, pebs_counters: u32) -> Result<u32,
     Err(Refusal::NoFreeCounter(in_use))
 }
 
+/// Checks that general-purpose counter `i`, taken by [`claim`] at session creation, can
+/// still be programmed (at START, which may come much later or after a pause): perf has
+/// no PEBS events here and has not enabled an event on it meanwhile.
+pub fn check_free<M: PebsMsrs + ?Sized>(m: &mut M, i: u32) -> Result<(), Refusal> {
+    let pebs = m.rdmsr(msr::IA32_PEBS_ENABLE);
+    if pebs != 0 {
+        return Err(Refusal::PebsInUse(pebs));
+    }
+    if i >= MAX_PEBS_EVENTS as u32 || m.rdmsr(msr::IA32_PERFEVTSEL0 + i) & evtsel::EN != 0 {
+        return Err(Refusal::NoFreeCounter(1u64 << (i & 63)));
+    }
+    Ok(())
+}
+
 /// Checks that what [`ds::program`] set for `p` is still there: the counter's event
 /// select (counting, or masked when `masked`), IA32_PEBS_ENABLE holding exactly `p`'s
 /// bits, IA32_DS_AREA pointing at `p`'s DS area. A difference means perf scheduled an
@@ -313,6 +327,12 @@ mod tests {
         m.set(msr::IA32_PEBS_ENABLE, 1);
         assert_eq!(claim(&mut m, 4), Err(Refusal::PebsInUse(1)));
         assert_eq!(Refusal::PebsInUse(1).value(), 1);
+        // START re-checks the counter CREATE took.
+        assert_eq!(check_free(&mut m, 3), Err(Refusal::PebsInUse(1)));
+        m.set(msr::IA32_PEBS_ENABLE, 0);
+        assert_eq!(check_free(&mut m, 3), Ok(()));
+        m.set(msr::IA32_PERFEVTSEL0 + 3, evtsel::EN | 0x3c);
+        assert_eq!(check_free(&mut m, 3), Err(Refusal::NoFreeCounter(1 << 3)));
     }
 
     #[test]

@@ -800,6 +800,22 @@ static struct hrperf_module_info module_info(void)
 	return mi;
 }
 
+/* CREATE of a pebs session: cpu-clock every 100 us, all CPUs, no argument. */
+static struct hrperf_session_create pebs_create_request(void)
+{
+	struct hrperf_session_create c;
+
+	memset(&c, 0, sizeof(c));
+	c.size = sizeof(c);
+	strcpy(c.format_name, "pebs");
+	c.mode = HRPERF_MODE_OVERFLOW;
+	c.nr_events = 1;
+	c.events[0].type = HRPERF_EVENT_TYPE_SOFTWARE;
+	c.events[0].config = PERF_COUNT_SW_CPU_CLOCK;
+	c.sample_period = 100000;
+	return c;
+}
+
 /*
  * fmt-pebs on the CPU's own PMU: listed; CREATE is refused with ENODEV because the
  * kernel detects no PEBS-capable PMU here (INFO says why: no hardware PMU), even when
@@ -820,14 +836,7 @@ static void test_pebs(void)
 	      "INFO pebs_state %u, want %u (no hardware PMU under TCG)", mi.pebs_state,
 	      HRPERF_PEBS_NO_PMU);
 	CHECK(format_listed(fd, "pebs"), "format pebs not listed");
-	memset(&c, 0, sizeof(c));
-	c.size = sizeof(c);
-	strcpy(c.format_name, "pebs");
-	c.mode = HRPERF_MODE_OVERFLOW;
-	c.nr_events = 1;
-	c.events[0].type = HRPERF_EVENT_TYPE_SOFTWARE;
-	c.events[0].config = PERF_COUNT_SW_CPU_CLOCK;
-	c.sample_period = 100000;
+	c = pebs_create_request();
 	r = ioctl(fd, HRPERF_IOC_CREATE, &c);
 	CHECK(r == -1 && errno == ENODEV, "CREATE pebs (no argument): %d, want ENODEV", r);
 	memset(arg, 0, sizeof(arg));
@@ -1045,14 +1054,7 @@ static void test_pebs_busy(void)
 	struct hrperf_module_info mi;
 	int fd = dev_open(), r;
 
-	memset(&c, 0, sizeof(c));
-	c.size = sizeof(c);
-	strcpy(c.format_name, "pebs");
-	c.mode = HRPERF_MODE_OVERFLOW;
-	c.nr_events = 1;
-	c.events[0].type = HRPERF_EVENT_TYPE_SOFTWARE;
-	c.events[0].config = PERF_COUNT_SW_CPU_CLOCK;
-	c.sample_period = 100000;
+	c = pebs_create_request();
 	r = ioctl(fd, HRPERF_IOC_CREATE, &c);
 	CHECK(r == -1 && errno == EBUSY, "CREATE pebs with perf's PEBS on CPU 1: %d errno %d", r,
 	      errno);
