@@ -485,9 +485,10 @@ pub struct RecordArgs {
     /// xmm, lbr, lbr:N; or a hex value [default: basic+meminfo for adaptive].
     #[arg(long, value_name = "GROUPS", help_heading = "PEBS (--format pebs)")]
     pub pebs_data_cfg: Option<String>,
-    /// PEBS: load-latency threshold in core cycles (MSR_PEBS_LD_LAT_THRESHOLD).
-    #[arg(long, value_name = "CYCLES", default_value_t = 3, help_heading = "PEBS (--format pebs)")]
-    pub pebs_ld_lat: u32,
+    /// PEBS: load-latency threshold in core cycles (MSR_PEBS_LD_LAT_THRESHOLD; perf's ldlat)
+    /// of the load-latency event (-e r01cd) [default: 3 on the simulated PMUs].
+    #[arg(long, value_name = "CYCLES", help_heading = "PEBS (--format pebs)")]
+    pub pebs_ld_lat: Option<u32>,
     /// Aggregate: the key samples are counted under: ip, pid-ip, or stack (pid, kernel
     /// and user stack ids, the stacks stored once per interval) [default: ip].
     #[arg(long, value_enum, value_name = "KEY", help_heading = "Aggregate (--format aggregate)")]

@@ -95,7 +95,8 @@ fn pebs_session(a: &RecordArgs) -> Result<PebsSession, CliError> {
         None if adaptive => hrperf_fmt_pebs::layout::DATACFG_MEMINFO,
         None => 0,
     };
-    arg.ld_lat_threshold = a.pebs_ld_lat;
+    // The kernel keeps it only for the load-latency event (the simulated PMU's is one).
+    arg.ld_lat_threshold = a.pebs_ld_lat.unwrap_or(hrperf::source::sim::pebs::DEFAULT_LD_LAT);
     let events = a.events.clone().or_else(|| Some(if simulated { "cpu-clock" } else { "cycles" }.to_string()));
     let period = a.period.or(Some(if simulated { DEFAULT_SIM_PEBS_PERIOD } else { crate::record::DEFAULT_PEBS_PERIOD }));
     Ok(PebsSession { events, period, format_arg: arg.to_bytes().to_vec() })

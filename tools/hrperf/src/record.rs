@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use hrperf::record::{format_needs_pebs, record_to_file, Live, RecordOptions, RecordSummary};
 use hrperf::source::perf::{self, PerfConfig, PerfSource, Sampling};
-use hrperf::source::sim::pebs::{parse_data_cfg, parse_layout, PebsConfig};
+use hrperf::source::sim::pebs::{parse_data_cfg, parse_layout, PebsConfig, DEFAULT_LD_LAT};
 use hrperf::source::sim::{self, SimConfig, SimSource, Workload};
 use hrperf::source::Source;
 use hrperf_abi::format::{MODE_OVERFLOW, MODE_POLL};
@@ -85,9 +85,9 @@ pub fn run(a: RecordArgs) -> CliResult {
         ));
     }
     let pebs = format_needs_pebs(&a.format);
-    if pebs && source_kind == SourceKind::Perf && (a.pebs_data_cfg.is_some() || a.pebs_format != "adaptive" || a.pebs_ld_lat != 3) {
+    if pebs && source_kind == SourceKind::Perf && (a.pebs_data_cfg.is_some() || a.pebs_format != "adaptive") {
         return Err(CliError(
-            "--pebs-format, --pebs-data-cfg and --pebs-ld-lat configure the simulated PMU (--source sim); with --source perf the kernel's perf chooses the PEBS record".into(),
+            "--pebs-format and --pebs-data-cfg configure the simulated PMU (--source sim); with --source perf the kernel's perf chooses the PEBS record".into(),
         ));
     }
 
@@ -109,7 +109,10 @@ pub fn run(a: RecordArgs) -> CliResult {
         SourceKind::Perf => {
             // PEBS through perf: one precise hardware event (perf record's default is cycles:P).
             let default_events = if pebs { "cycles" } else { "cpu-clock,task-clock,page-faults" };
-            let events = perf::parse_events(a.events.as_deref().unwrap_or(default_events))?;
+            let mut events = perf::parse_events(a.events.as_deref().unwrap_or(default_events))?;
+            if let (true, Some(cycles)) = (pebs, a.pebs_ld_lat) {
+                perf::set_load_latency(&mut events, cycles)?;
+            }
             let sampling = match (a.period, a.freq, a.poll_us) {
                 (Some(0), _, _) | (_, Some(0), _) | (_, _, Some(0)) => {
                     return Err(CliError("-c, -F and --poll-us take a positive number".into()))
@@ -267,7 +270,7 @@ fn sim_config(a: &RecordArgs, duration_ns: Option<u64>) -> Result<SimConfig, Cli
             (None, hrperf_fmt_pebs::Layout::Adaptive) => hrperf_fmt_pebs::layout::DATACFG_MEMINFO,
             (None, _) => 0,
         };
-        let p = PebsConfig { layout, data_cfg, ld_lat_threshold: a.pebs_ld_lat, ..PebsConfig::new() };
+        let p = PebsConfig { layout, data_cfg, ld_lat_threshold: a.pebs_ld_lat.unwrap_or(DEFAULT_LD_LAT), ..PebsConfig::new() };
         p.check()?;
         cfg.pebs = Some(p);
         if a.poll_us.is_some() {

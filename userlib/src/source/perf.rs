@@ -95,7 +95,7 @@ use hrperf_abi::format::{CTRL_MASK, MODE_OVERFLOW, MODE_POLL, SAMPLE_OVERFLOW, S
 use hrperf_abi::{MAX_COUNTERS, MAX_CPUS};
 
 pub use events::{known_events, parse_events};
-pub use self::pebs::{PebsSettings, PerfPebs};
+pub use self::pebs::{set_load_latency, PebsSettings, PerfPebs};
 
 use self::events::needs_pmu;
 pub use self::ring::{split_callchain, PERF_CONTEXT_KERNEL, PERF_CONTEXT_MAX, PERF_CONTEXT_USER};

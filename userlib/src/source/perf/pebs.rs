@@ -278,6 +278,30 @@ fn errno_name(e: &io::Error) -> String {
 }
 
 /// Checks a PEBS configuration before anything is opened or forked.
+/// `--pebs-ld-lat` for PEBS through perf: the load-latency threshold (core cycles) goes
+/// into the leader's `config1`, perf's `ldlat` field (`config1:0-15` in
+/// `/sys/bus/event_source/devices/cpu/format/ldlat`). It means something only for the
+/// load-latency event MEM_TRANS_RETIRED.LOAD_LATENCY (`-e r01cd`), so anything else is
+/// refused rather than silently ignored.
+pub fn set_load_latency(events: &mut [EventSpec], cycles: u32) -> Result<(), SourceError> {
+    use hrperf_abi::event::EVENT_TYPE_RAW;
+    use hrperf_fmt_pebs::coexist::LOAD_LATENCY_EVENT;
+    let [ev] = events else {
+        return Err(SourceError::Config("--pebs-ld-lat needs exactly one event, the load-latency event (-e r01cd)".into()));
+    };
+    if ev.desc.kind != EVENT_TYPE_RAW || ev.desc.config & 0xffff != LOAD_LATENCY_EVENT {
+        return Err(SourceError::Config(format!(
+            "--pebs-ld-lat applies to the load-latency event (-e r01cd, MEM_TRANS_RETIRED.LOAD_LATENCY), not {}",
+            ev.name
+        )));
+    }
+    if cycles == 0 || cycles > 0xffff {
+        return Err(SourceError::Config(format!("--pebs-ld-lat takes 1 to 65535 cycles, not {cycles}")));
+    }
+    ev.desc.config1 = u64::from(cycles);
+    Ok(())
+}
+
 pub(super) fn validate_pebs(events: &[EventSpec], overflow: bool) -> Result<(), SourceError> {
     let bad = |m: String| Err(SourceError::Config(m));
     if !overflow {

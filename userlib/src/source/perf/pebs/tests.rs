@@ -510,3 +510,20 @@ fn short_or_hostile_samples_never_panic() {
         let _ = parse_sample(x, &Record::Single(&junk));
     }
 }
+
+/// `--pebs-ld-lat` reaches perf as the load-latency event's `config1` (perf's `ldlat`);
+/// on any other event, or out of range, it is refused instead of ignored.
+#[test]
+fn load_latency_threshold_goes_to_config1_of_the_load_latency_event() {
+    let fake = FakeSys::new();
+    let mut c = pebs_cfg("r01cd");
+    super::set_load_latency(&mut c.events, 30).unwrap();
+    open(&fake, c).unwrap();
+    let s = fake.state();
+    assert!(s.opens.iter().all(|o| o.attr.config == 0x01cd && o.attr.config1 == 30));
+    for (ev, cycles, want) in [("cycles", 30, "applies to the load-latency event"), ("r01cd", 0, "1 to 65535"), ("r01cd", 70_000, "1 to 65535")] {
+        let mut c = pebs_cfg(ev);
+        let e = super::set_load_latency(&mut c.events, cycles).unwrap_err().to_string();
+        assert!(e.contains(want), "{ev} {cycles}: {e}");
+    }
+}
