@@ -244,7 +244,7 @@ fn sim_layout(name: &[u8]) -> Option<Layout> {
 pub(crate) struct SessionPebs {
     kernel: KernelPebs,
     /// The simulated PMU.
-    pub(crate) simulated: bool,
+    simulated: bool,
     event: u64,
     ld_lat_threshold: u32,
     data_cfg: u64,
@@ -253,6 +253,12 @@ pub(crate) struct SessionPebs {
 }
 
 impl SessionPebs {
+    /// The CPU's own PEBS (not the simulated PMU): the PMI comes as an NMI, and perf
+    /// counters only hold the PMU.
+    pub(crate) fn hardware(&self) -> bool {
+        !self.simulated
+    }
+
     /// This CPU's PMU state for the session (on a hardware session, the CPU's own MSRs;
     /// on the simulated PMU, a modelled MSR file with perf's state on CPU `cpu`).
     pub(crate) fn cpu_state(&self, cpu: u32) -> PebsCpu {
@@ -269,7 +275,7 @@ impl SessionPebs {
         } else {
             Msrs::Cpu(KernelMsrs::default())
         };
-        PebsCpu { msrs, prog: None, saved: Saved::default(), armed: false, conflict: None, idle: 0 }
+        PebsCpu { msrs, prog: None, saved: Saved::default(), armed: false, conflict: None }
     }
 
     /// On CPU `cpu`, with the buffer initialised by the format: takes a counter and sets
@@ -341,8 +347,6 @@ pub(crate) struct PebsCpu {
     armed: bool,
     /// Why PEBS stopped on this CPU during the session.
     conflict: Option<Refusal>,
-    /// Simulated PMU: trigger overflows the modelled counter did not count (masked).
-    idle: u64,
 }
 
 /// What a PMI was.
@@ -466,7 +470,6 @@ impl PebsCpu {
             && m.get(msr::IA32_PERF_GLOBAL_CTRL) & bit != 0
             && m.get(msr::IA32_DS_AREA) == p.ds_area;
         if !counting {
-            self.idle += 1;
             return None;
         }
         let out = assist::assist(buf, p.counter, &sim_sample(o, p.ld_lat_threshold)).ok()?;

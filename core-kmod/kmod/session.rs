@@ -178,12 +178,6 @@ impl CpuSlot {
         cs.stop(buf)
     }
 
-    /// On the simulated PEBS PMU the session's perf counter drives the assist; on
-    /// hardware the slot has no counters (the NMI path drives it).
-    fn counters_drive_pebs(&self) -> bool {
-        !self.counters.is_empty()
-    }
-
     /// Reads this CPU's counters (on this CPU).
     fn read_raw(&self) -> [u64; MAX_COUNTERS] {
         let mut raw = [0u64; MAX_COUNTERS];
@@ -439,7 +433,7 @@ impl ActiveSession {
         } else {
             None
         };
-        let hardware_pebs = pebs.is_some_and(|p| !p.simulated);
+        let hardware_pebs = pebs.is_some_and(|p| p.hardware());
         let arg: &[u8] = &arg;
         let nr = req.events.len();
         let params = SessionParams {
@@ -558,6 +552,8 @@ impl ActiveSession {
         if self.running {
             return Err(EINVAL);
         }
+        // Hardware PEBS interrupts come as NMIs, routed to the slot armed on the CPU.
+        let nmi = self.pebs.is_some_and(|p| p.hardware());
         for (n, slot) in self.shared.slots.iter().enumerate() {
             let r = slot.run_on(|cs, buf, pebs| {
                 cs.start(buf, &slot.read_raw(), shim::clock_ns()).map_err(engine_err)?;
@@ -569,7 +565,7 @@ impl ActiveSession {
                 if cs.is_masked() {
                     pc.mask();
                 }
-                if !slot.counters_drive_pebs() {
+                if nmi {
                     // SAFETY: on this CPU with IRQs off; withdrawn in `stop` (and before
                     // the slot is freed: a dropped running session is stopped first).
                     unsafe { pebs_pmu::publish(slot.cpu, Some(slot)) };

@@ -345,8 +345,9 @@ pub fn enable_bits(p: &PebsProgram) -> u64 {
 
 /// The counter's control value when counting: PERFEVTSELx with EN, without INT (the PMI
 /// comes from the DS threshold), ADAPTIVE from fmt4; for a fixed counter its
-/// IA32_FIXED_CTR_CTRL field (and adaptive bit), PMI cleared.
-fn control(p: &PebsProgram) -> u64 {
+/// IA32_FIXED_CTR_CTRL field (and adaptive bit), PMI cleared. Also what the ownership
+/// checks of [`coexist`](super::coexist) expect to find.
+pub fn counting_control(p: &PebsProgram) -> u64 {
     match p.counter {
         Counter::Gp(_) => {
             let sel = (p.event & !evtsel::INT & !evtsel::ADAPTIVE) | evtsel::EN;
@@ -367,13 +368,13 @@ fn control(p: &PebsProgram) -> u64 {
 fn set_counting<M: PebsMsrs + ?Sized>(m: &mut M, p: &PebsProgram, on: bool) {
     match p.counter {
         Counter::Gp(i) => {
-            let sel = control(p);
+            let sel = counting_control(p);
             m.wrmsr(msr::IA32_PERFEVTSEL0 + i, if on { sel } else { sel & !evtsel::EN });
         }
         Counter::Fixed(j) => {
             let old = m.rdmsr(msr::IA32_FIXED_CTR_CTRL);
             let clear = fixed_ctrl::bits(j, 0xf) | fixed_ctrl::adaptive(j);
-            let new = if on { (old & !clear) | control(p) } else { old & !clear };
+            let new = if on { (old & !clear) | counting_control(p) } else { old & !clear };
             m.wrmsr(msr::IA32_FIXED_CTR_CTRL, new);
         }
     }
@@ -460,7 +461,7 @@ pub fn restart<M: PebsMsrs + ?Sized>(m: &mut M, p: &PebsProgram) -> Result<u64, 
 /// Whether the counter's control bits are still the ones [`program`] set (counting or
 /// masked): perf has not scheduled an event of its own onto it.
 fn counter_is_ours<M: PebsMsrs + ?Sized>(m: &mut M, p: &PebsProgram) -> bool {
-    let want = control(p);
+    let want = counting_control(p);
     match p.counter {
         Counter::Gp(i) => {
             let sel = m.rdmsr(msr::IA32_PERFEVTSEL0 + i);
@@ -501,12 +502,6 @@ pub fn stop<M: PebsMsrs + ?Sized>(m: &mut M, p: &PebsProgram, saved: &Saved) -> 
         m.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, ctrl | bit);
     }
     Ok(())
-}
-
-/// The control value the counter has while counting ([`control`]), for the ownership
-/// checks of [`coexist`](super::coexist).
-pub fn counting_control(p: &PebsProgram) -> u64 {
-    control(p)
 }
 
 /// Number of MSRs [`SimMsrs`] can hold.

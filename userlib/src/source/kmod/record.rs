@@ -318,7 +318,8 @@ impl<W: Write> Recorder<W> {
             if n > 0 {
                 self.writer.write_chunk(cpu, &self.chunk, n)?;
             }
-            if waiting && !all {
+            if !all {
+                // Masked at its threshold (else skipped above): count again.
                 self.session.restart_cpu(i)?;
             }
             if let Some(p) = self.pebs.get_mut(i) {
